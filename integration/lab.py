@@ -1,0 +1,262 @@
+"""Real-kernel lab: busybox bundles, runc containers, freezer holds, cgroup inventories.
+
+Shared by the kernel tests (tests/kernel), the containerd suite (integration/)
+and ``make demo``. Everything here creates uniquely named objects and knows how
+to remove them again, processes included, by the pid it started.
+
+The slow-death trick (DESIGN.md §3): processes moved into a cgroup v1 freezer
+that is FROZEN keep a pending SIGKILL until it is THAWED, so they stay in the
+container's other cgroups exactly as long as the test chooses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+FREEZER = "/sys/fs/cgroup/freezer"
+BUSYBOX = shutil.which("busybox") or "/bin/busybox"
+RUNC = shutil.which("runc") or "/usr/sbin/runc"
+
+
+def unique(prefix: str = "rgtest") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def cgroup_mount_points() -> list[str]:
+    """Every mounted cgroup hierarchy (v1 and v2) in this mount namespace."""
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            if right.split(" ", 1)[0] in ("cgroup", "cgroup2"):
+                points.append(left.split(" ")[4])
+    return points
+
+
+def is_pure_v2() -> bool:
+    return cgroup_mount_points() == [CGROUP_ROOT]
+
+
+def dirs_named(relative: str) -> list[str]:
+    """Existing directories ``<mount>/<relative>`` (and below) across every hierarchy."""
+    found = []
+    for mount in cgroup_mount_points():
+        top = os.path.join(mount, relative.strip("/"))
+        if os.path.isdir(top):
+            for dirpath, _dirs, _files in os.walk(top):
+                found.append(dirpath)
+    return sorted(found)
+
+
+def remove_tree(path: str) -> None:
+    """rmdir a cgroup subtree leaf-first; tolerate what is already gone."""
+    if not os.path.isdir(path):
+        return
+    for dirpath, _dirs, _files in sorted(os.walk(path), key=lambda t: -t[0].count("/")):
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(dirpath)
+
+
+def procs(path: str) -> list[int]:
+    try:
+        with open(os.path.join(path, "cgroup.procs")) as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
+@dataclass
+class FreezerHold:
+    """A frozen v1 freezer cgroup that keeps SIGKILLed processes from dying."""
+
+    path: str
+    pids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, freezer_root: str = FREEZER) -> FreezerHold:
+        path = os.path.join(freezer_root, unique("rgtest-hold"))
+        os.mkdir(path)
+        return cls(path)
+
+    def hold(self, pids: list[int]) -> None:
+        for pid in pids:
+            with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
+                f.write(str(pid))
+            self.pids.append(pid)
+        self._state("FROZEN")
+        wait_for(lambda: self._read_state() == "FROZEN", 5)
+
+    def release(self) -> None:
+        self._state("THAWED")
+
+    def _state(self, value: str) -> None:
+        with open(os.path.join(self.path, "freezer.state"), "w") as f:
+            f.write(value)
+
+    def _read_state(self) -> str:
+        with open(os.path.join(self.path, "freezer.state")) as f:
+            return f.read().strip()
+
+    def destroy(self) -> None:
+        """Thaw, SIGKILL what we held (by pid, only if still in the hold), then rmdir."""
+        if not os.path.isdir(self.path):
+            return
+        with contextlib.suppress(OSError):
+            self.release()
+        for pid in procs(self.path):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not procs(self.path), 10)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.path)
+
+
+def make_bundle(directory: str, cgroups_path: str, script: str, host_pid: bool = True) -> str:
+    """An OCI bundle whose rootfs is a static busybox; returns the bundle dir."""
+    rootfs = os.path.join(directory, "rootfs")
+    os.makedirs(os.path.join(rootfs, "bin"), exist_ok=True)
+    shutil.copy2(BUSYBOX, os.path.join(rootfs, "bin", "busybox"))
+    for applet in ("sh", "sleep", "cat"):
+        with contextlib.suppress(FileExistsError):
+            os.symlink("busybox", os.path.join(rootfs, "bin", applet))
+    for d in ("proc", "dev", "sys", "tmp"):
+        os.makedirs(os.path.join(rootfs, d), exist_ok=True)
+    subprocess.run([RUNC, "spec"], cwd=directory, check=True)
+    with open(os.path.join(directory, "config.json")) as f:
+        config = json.load(f)
+    config["process"]["terminal"] = False
+    config["process"]["args"] = ["sh", "-c", script]
+    config["root"]["readonly"] = False
+    if host_pid:
+        config["linux"]["namespaces"] = [
+            ns for ns in config["linux"]["namespaces"] if ns["type"] != "pid"
+        ]
+    config["linux"]["cgroupsPath"] = cgroups_path
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f)
+    return directory
+
+
+#: Init forks ``n`` sleepers and waits: a host-PID container with several children.
+def sleepers_script(n: int) -> str:
+    return " ".join(["sleep 1000 &"] * n) + " wait"
+
+
+@dataclass
+class RuncContainer:
+    """A detached runc container in its own state root; removable whatever happened."""
+
+    id: str
+    root: str
+    bundle: str
+    cgroup_relative: str
+    runc: str = RUNC
+
+    @classmethod
+    def start(cls, workdir: str, children: int = 3, parent: str | None = None) -> RuncContainer:
+        cid = unique("rgtest-ctr")
+        parent = parent or unique("rgtest")
+        relative = f"/{parent}/{cid}"
+        bundle = make_bundle(os.path.join(workdir, cid), relative, sleepers_script(children))
+        root = os.path.join(workdir, "runc-root")
+        ctr = cls(cid, root, bundle, relative)
+        # stdio must not be a pipe: the detached container keeps it open forever.
+        with open(os.path.join(workdir, f"{cid}.stderr"), "wb") as err:
+            try:
+                subprocess.run(
+                    [RUNC, "--root", root, "run", "-d", cid],
+                    cwd=bundle, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    stderr=err, check=True, timeout=30,
+                )
+                if not wait_for(lambda: len(ctr.pids()) >= children + 1, 10):
+                    raise RuntimeError(f"container {cid} did not start {children} children")
+            except BaseException:
+                ctr.destroy()
+                raise
+        return ctr
+
+    def state(self) -> dict:  # type: ignore[type-arg]
+        with open(os.path.join(self.root, self.id, "state.json")) as f:
+            return json.load(f)  # type: ignore[no-any-return]
+
+    def cgroup_dirs(self) -> list[str]:
+        return dirs_named(self.cgroup_relative)
+
+    def any_cgroup(self) -> str:
+        """A hierarchy that holds every process of the container (memory or the v2 tree)."""
+        for candidate in (f"{CGROUP_ROOT}/memory", f"{CGROUP_ROOT}/unified", CGROUP_ROOT):
+            path = candidate + self.cgroup_relative
+            if os.path.isdir(path):
+                return path
+        raise FileNotFoundError(self.cgroup_relative)
+
+    def pids(self) -> list[int]:
+        return procs(self.any_cgroup()) if self.cgroup_dirs() else []
+
+    def init_pid(self) -> int:
+        return int(self.state()["init_process_pid"])
+
+    def children(self) -> list[int]:
+        init = self.init_pid()
+        return [p for p in self.pids() if p != init]
+
+    def make_nested(self, name: str = "nested") -> list[str]:
+        """A child cgroup inside the container's cgroup in every hierarchy."""
+        made = []
+        for d in self.cgroup_dirs():
+            if d.endswith(self.cgroup_relative):
+                os.mkdir(os.path.join(d, name))
+                made.append(os.path.join(d, name))
+        return made
+
+    def destroy(self) -> None:
+        """Whatever state the test left: kill every process in its cgroups, remove all."""
+        for d in self.cgroup_dirs():
+            for pid in procs(d):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        subprocess.run(
+            [RUNC, "--root", self.root, "delete", "--force", self.id],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=30,
+        )
+        wait_for(lambda: not any(procs(d) for d in self.cgroup_dirs()), 10)
+        parent = self.cgroup_relative.rsplit("/", 1)[0]
+        for mount in cgroup_mount_points():
+            remove_tree(os.path.join(mount, self.cgroup_relative.strip("/")))
+            if parent.strip("/"):
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(mount, parent.strip("/")))
+
+
+@contextlib.contextmanager
+def container_with_hold(
+    workdir: str, children: int = 3, held: int = 2, freezer_root: str = FREEZER
+) -> Iterator[tuple[RuncContainer, FreezerHold]]:
+    """A host-PID container with ``held`` of its children in a frozen freezer."""
+    ctr = RuncContainer.start(workdir, children)
+    hold = FreezerHold.create(freezer_root)
+    try:
+        hold.hold(ctr.children()[:held])
+        yield ctr, hold
+    finally:
+        hold.destroy()
+        ctr.destroy()

@@ -1,0 +1,1 @@
+import sys; from runc_guard.shim import main; sys.exit(main())  # noqa: E702, I001

@@ -1,0 +1,185 @@
+"""The thin seam between runc-guard and the kernel's cgroup filesystems.
+
+Everything that reads ``cgroup.procs``, removes a directory or sends a signal
+goes through :class:`CgroupFs`, so the deciding code can be unit-tested against
+a fake and proven against the real kernel in the kernel tests. Nothing here
+decides *whether* to act; callers do that.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import select
+import signal
+import time
+from collections.abc import Iterable
+from typing import Protocol
+
+#: statfs(2) f_type of cgroup v1 and cgroup2 filesystems (linux/magic.h).
+CGROUP_SUPER_MAGIC = 0x27E0EB
+CGROUP2_SUPER_MAGIC = 0x63677270
+CGROUP_MAGICS = frozenset({CGROUP_SUPER_MAGIC, CGROUP2_SUPER_MAGIC})
+
+
+class CgroupFsOps(Protocol):
+    """What the cleanup and the sweep need from the kernel."""
+
+    def fs_magic(self, path: str) -> int: ...
+    def is_symlink(self, path: str) -> bool: ...
+    def exists(self, path: str) -> bool: ...
+    def children(self, path: str) -> list[str]: ...
+    def read_procs(self, path: str) -> list[int]: ...
+    def pid_alive(self, pid: int) -> bool: ...
+    def kill_if_member(self, pid: int, path: str) -> bool: ...
+    def rmdir(self, path: str) -> None: ...
+    def wait_for_change(self, paths: Iterable[str], timeout: float, event_timeout: float) -> None: ...
+
+
+class _Statfs(ctypes.Structure):
+    # struct statfs on 64-bit Linux begins with __fsword_t f_type (a long);
+    # the rest of the 120-byte struct is padding we never read.
+    _fields_ = (("f_type", ctypes.c_long), ("_rest", ctypes.c_byte * 112))
+
+
+_libc: ctypes.CDLL | None = None
+
+
+def _statfs_type(path: str) -> int:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    buf = _Statfs()
+    if _libc.statfs(os.fsencode(path), ctypes.byref(buf)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    return buf.f_type & 0xFFFFFFFF
+
+
+class RealCgroupFs:
+    """The real kernel. Every method is one or two syscalls and documents its errors."""
+
+    def fs_magic(self, path: str) -> int:
+        return _statfs_type(path)
+
+    def is_symlink(self, path: str) -> bool:
+        return os.path.islink(path)
+
+    def exists(self, path: str) -> bool:
+        return os.path.lexists(path)
+
+    def children(self, path: str) -> list[str]:
+        """Child cgroup directories (never following symlinks); [] when ``path`` is gone."""
+        try:
+            with os.scandir(path) as it:
+                return [e.path for e in it if e.is_dir(follow_symlinks=False)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def read_procs(self, path: str) -> list[int]:
+        """Pids in ``path/cgroup.procs``; [] when the cgroup is gone (ENOENT/ENODEV)."""
+        try:
+            with open(os.path.join(path, "cgroup.procs"), "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENODEV):
+                return []
+            raise
+        return [int(x) for x in data.split()]
+
+    def pid_alive(self, pid: int) -> bool:
+        """kill(pid, 0): ESRCH means gone; EPERM still means it exists."""
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def kill_if_member(self, pid: int, path: str) -> bool:
+        """SIGKILL ``pid`` only if it provably is in cgroup ``path``; True if signalled.
+
+        The pidfd pins one process. Membership is re-read *after* opening it, and a
+        successful ``pidfd_send_signal(fd, 0)`` afterwards shows that process was
+        still alive, so the pid we found in ``cgroup.procs`` was that process and
+        not a recycled number. Only then does SIGKILL go through the same pidfd.
+        """
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return False
+        try:
+            if pid not in self.read_procs(path):
+                return False
+            signal.pidfd_send_signal(fd, 0)
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            return True
+        except ProcessLookupError:
+            return False
+        finally:
+            os.close(fd)
+
+    def rmdir(self, path: str) -> None:
+        os.rmdir(path)
+
+    def wait_for_change(self, paths: Iterable[str], timeout: float, event_timeout: float) -> None:
+        """Sleep until a cgroup2 ``cgroup.events`` of ``paths`` changes, else ``timeout``.
+
+        kernfs signals POLLPRI on ``cgroup.events`` when ``populated`` flips, so on
+        cgroup v2 (and the hybrid ``unified`` tree, which holds every process of
+        the container too) the last exit wakes us at once and we can afford to
+        sleep up to ``event_timeout`` otherwise. cgroup v1 has no such file, so
+        there this is a plain sleep of one poll interval (``timeout``).
+        ``paths`` must be cgroups found populated: one already empty returns at once.
+        """
+        poller = select.poll()
+        fds: list[int] = []
+        try:
+            for path in paths:
+                try:
+                    fd = os.open(os.path.join(path, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    continue
+                fds.append(fd)
+                if b"populated 0" in os.pread(fd, 4096, 0):
+                    return  # already empty: nothing to wait for
+                poller.register(fd, select.POLLPRI | select.POLLERR)
+            if not fds:
+                time.sleep(timeout)
+                return
+            poller.poll(max(0, int(event_timeout * 1000)))
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> dict[str, str]:
+    """Mount points of cgroup filesystems -> fs type (``cgroup`` or ``cgroup2``)."""
+    mounts: dict[str, str] = {}
+    with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fstype = right.split(" ", 1)[0]
+            if fstype in ("cgroup", "cgroup2"):
+                mount_point = left.split(" ")[4]
+                mounts[_unescape_mountinfo(mount_point)] = fstype
+    return mounts
+
+
+def _unescape_mountinfo(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal ``\\NNN``."""
+    if "\\" not in field:
+        return field
+    out = []
+    i = 0
+    while i < len(field):
+        if field[i] == "\\" and i + 3 < len(field) + 0 and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)

@@ -1,0 +1,144 @@
+"""The one settings object: defaults in code, then the TOML file, then RUNC_GUARD_* variables.
+
+Used by the delete path and the admin tool; the passthrough path only needs the
+runtime and reads it straight from the cached file (see ``settings_file``).
+Settings are untrusted input: unknown keys and bad values are errors that name
+the key, never silently ignored (a typo in ``delete_timeout`` must not quietly
+fall back to a default on a whole fleet).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from runc_guard.errors import ConfigError
+from runc_guard.settings_file import cache_dir, config_path, read_settings_file
+
+#: containerd gives the dead-shim cleanup (the shim's whole ``delete``, runc
+#: included) 5 s by default (io.containerd.timeout.shim.cleanup). 3 s leaves the
+#: shim time to unmount the rootfs and remove the bundle after we return.
+DEFAULT_DELETE_TIMEOUT = 3.0
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Effective settings; build with :func:`load_settings`, pass down explicitly."""
+
+    runtime: str = "runc"
+    runtimes: Mapping[str, str] = field(default_factory=dict)
+    delete_timeout: float = DEFAULT_DELETE_TIMEOUT
+    poll_interval: float = 0.02
+    pending_dir: str = "/run/runc-guard/pending"
+    journal_socket: str = "/run/systemd/journal/socket"
+    log_file: str = "/var/log/runc-guard/events.jsonl"
+    log_level: str = "info"
+    kill_stragglers: bool = True
+    stats_file: str = "/run/runc-guard/deletes.jsonl"
+    source: str = field(default="(defaults)", compare=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
+
+
+_KEYS = {f.name: f for f in fields(Settings) if f.name != "source"}
+
+
+def _to_bool(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{key}: expected true or false, got {value!r}")
+
+
+def _to_seconds(key: str, value: object, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ConfigError(f"{key}: expected a number of seconds, got {value!r}")
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ConfigError(f"{key}: expected a number of seconds, got {value!r}") from None
+    if not math.isfinite(seconds) or not low <= seconds <= high:
+        raise ConfigError(f"{key}: {seconds:g} s is outside {low:g}..{high:g} s")
+    return seconds
+
+
+def _to_path(key: str, value: object) -> str:
+    if not isinstance(value, str) or not value.startswith("/") or "\0" in value:
+        raise ConfigError(f"{key}: expected an absolute path, got {value!r}")
+    return os.path.normpath(value)
+
+
+def _to_runtimes(value: object) -> dict[str, str]:
+    if isinstance(value, str):  # RUNC_GUARD_RUNTIMES="nvidia-runc-guard=nvidia-container-runtime,..."
+        pairs = [item.split("=", 1) for item in value.split(",") if item]
+        if any(len(p) != 2 for p in pairs):
+            raise ConfigError(f"runtimes: expected name=runtime[,name=runtime], got {value!r}")
+        value = dict(pairs)
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and k and v for k, v in value.items()
+    ):
+        raise ConfigError(f"runtimes: expected a table of name = \"runtime\", got {value!r}")
+    return dict(value)
+
+
+def _convert(key: str, value: object) -> object:
+    if key in ("delete_timeout",):
+        return _to_seconds(key, value, 0.0, 600.0)
+    if key == "poll_interval":
+        return _to_seconds(key, value, 0.001, 5.0)
+    if key in ("pending_dir", "journal_socket", "log_file", "stats_file"):
+        return _to_path(key, value)
+    if key == "kill_stragglers":
+        return _to_bool(key, value)
+    if key == "runtimes":
+        return _to_runtimes(value)
+    if key == "log_level":
+        if not isinstance(value, str) or value.lower() not in LOG_LEVELS:
+            raise ConfigError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
+        return value.lower()
+    if key == "runtime":
+        if not isinstance(value, str) or not value or "\0" in value:
+            raise ConfigError(f"runtime: expected a command name or path, got {value!r}")
+        return value
+    raise AssertionError(key)
+
+
+def settings_from(raw: Mapping[str, object], environ: Mapping[str, str], source: str) -> Settings:
+    """Validate ``raw`` (the file) and overlay ``RUNC_GUARD_<KEY>`` variables."""
+    unknown = sorted(set(raw) - set(_KEYS))
+    if unknown:
+        raise ConfigError(f"{source}: unknown setting(s): {', '.join(unknown)}")
+    values: dict[str, object] = {}
+    for key, value in raw.items():
+        try:
+            values[key] = _convert(key, value)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+    for key in _KEYS:
+        env_value = environ.get(f"RUNC_GUARD_{key.upper()}")
+        if env_value is not None and env_value != "":
+            try:
+                values[key] = _convert(key, env_value)
+            except ConfigError as exc:
+                raise ConfigError(f"RUNC_GUARD_{key.upper()}: {exc}") from None
+    return Settings(**values, source=source)  # type: ignore[arg-type]
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Settings from the file at RUNC_GUARD_CONFIG (default /etc/runc-guard/config.toml)."""
+    env = os.environ if environ is None else environ
+    path = config_path(env)  # type: ignore[arg-type]
+    try:
+        raw = read_settings_file(path, cache_dir(env))  # type: ignore[arg-type]
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot use settings file {path}: {exc}") from exc
+    source = path if os.path.exists(path) else f"{path} (absent: defaults)"
+    return settings_from(raw, env, source)

@@ -1,0 +1,84 @@
+"""One error hierarchy, one exit code per kind of failure.
+
+Exit codes follow sysexits(3) so that they never collide with the runtime's own
+statuses (runc exits 1 on its errors; a signal death is 128+N). When the
+runtime itself fails, runc-guard exits with the runtime's status unchanged; the
+codes below are runc-guard's own verdicts. Imported on the hot path: stdlib only.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+#: state.json names cgroup paths that are not the container's own cgroups: nothing was touched.
+EXIT_UNSAFE_STATE = 65
+#: The runtime to front cannot be found, is not executable, or is runc-guard itself.
+EXIT_RUNTIME_UNAVAILABLE = 69
+#: A bug in runc-guard: logged with its traceback to the journal, one line on stderr.
+EXIT_INTERNAL = 70
+#: A cgroup could not be removed for a reason waiting cannot fix (EROFS, EACCES, ...).
+EXIT_CGROUP_ERROR = 74
+#: The cgroups were still in use at the deadline; the pending record stays for the sweep.
+EXIT_CGROUP_BUSY = 75
+#: The settings file or a RUNC_GUARD_* variable is invalid.
+EXIT_CONFIG = 78
+
+
+class RuncGuardError(Exception):
+    """Base of every error runc-guard reports on purpose; ``exit_code`` is its verdict."""
+
+    exit_code = EXIT_INTERNAL
+
+
+class ConfigError(RuncGuardError):
+    """A setting has a bad value, an unknown key, or the file cannot be read."""
+
+    exit_code = EXIT_CONFIG
+
+
+class RuntimeNotFound(RuncGuardError):
+    """No usable runtime to exec: missing, not executable, or a loop back to runc-guard."""
+
+    exit_code = EXIT_RUNTIME_UNAVAILABLE
+
+
+class StateUnreadable(RuncGuardError):
+    """state.json is missing, unreadable or not what runc writes; the delete passes through."""
+
+
+class UnsafeCgroupPath(RuncGuardError):
+    """A recorded cgroup path is not a plain directory inside the container's cgroup tree."""
+
+    exit_code = EXIT_UNSAFE_STATE
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"refusing cgroup path {path!r}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class CgroupBusy(RuncGuardError):
+    """The deadline passed with processes still inside (or EBUSY on rmdir)."""
+
+    exit_code = EXIT_CGROUP_BUSY
+
+    def __init__(self, path: str, pids: tuple[int, ...], waited_ms: int) -> None:
+        shown = ", ".join(str(p) for p in pids[:8]) + (" ..." if len(pids) > 8 else "")
+        detail = f"{len(pids)} process(es) still inside: {shown}" if pids else "rmdir kept failing with EBUSY"
+        super().__init__(
+            f"cgroup {path} still in use after {waited_ms} ms ({detail}); "
+            "recorded for runc-guardctl sweep"
+        )
+        self.path = path
+        self.pids = pids
+        self.waited_ms = waited_ms
+
+
+class CgroupRemovalFailed(RuncGuardError):
+    """rmdir failed with an error that retrying cannot fix."""
+
+    exit_code = EXIT_CGROUP_ERROR
+
+    def __init__(self, path: str, errno_name: str, strerror: str) -> None:
+        super().__init__(f"cannot remove cgroup {path}: {errno_name} ({strerror})")
+        self.path = path
+        self.errno_name = errno_name

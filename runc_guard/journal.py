@@ -1,0 +1,87 @@
+"""Send structured entries to journald over its native protocol, never blocking.
+
+The native protocol (systemd.journal-fields(7), sd_journal_sendv) is one
+datagram per entry on ``/run/systemd/journal/socket``: ``KEY=value\\n`` lines,
+or ``KEY\\n`` + little-endian u64 length + bytes + ``\\n`` for values that
+contain a newline. Entries too large for a datagram go as a sealed memfd
+passed with SCM_RIGHTS, as libsystemd does. Sending is non-blocking: a full or
+absent journald makes ``send`` return False, and the caller falls back to the
+JSON-lines file. Logging must never delay or fail a delete.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+
+DEFAULT_SOCKET = "/run/systemd/journal/socket"
+IDENTIFIER = "runc-guard"
+
+
+def _field_name(key: str) -> str:
+    """Journal field names: upper case ASCII letters, digits and ``_``, not starting with ``_``."""
+    name = "".join(c if c.isascii() and c.isalnum() else "_" for c in key.upper())
+    return name.lstrip("_") or "FIELD"
+
+
+def encode(fields: dict[str, object]) -> bytes:
+    """Serialize ``fields`` in journald's native format; keys are normalised, values stringified."""
+    out = bytearray()
+    for key, value in fields.items():
+        name = _field_name(key).encode()
+        data = value if isinstance(value, bytes) else str(value).encode("utf-8", "surrogateescape")
+        if b"\n" in data:
+            out += name + b"\n" + struct.pack("<Q", len(data)) + data + b"\n"
+        else:
+            out += name + b"=" + data + b"\n"
+    return bytes(out)
+
+
+def _send_memfd(sock: socket.socket, socket_path: str, payload: bytes) -> None:
+    fd = os.memfd_create("runc-guard-journal", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.write(fd, payload)
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
+        socket.send_fds(sock, [b""], [fd], socket.MSG_DONTWAIT, socket_path)
+    finally:
+        os.close(fd)
+
+
+def send(fields: dict[str, object], socket_path: str = DEFAULT_SOCKET) -> bool:
+    """Send one entry; True if journald took it, False if it is absent, refusing or full."""
+    payload = encode(fields)
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        try:
+            sock.sendto(payload, socket.MSG_DONTWAIT, socket_path)
+        except OSError as exc:
+            if exc.errno not in (errno.EMSGSIZE, errno.ENOBUFS):
+                return False
+            _send_memfd(sock, socket_path, payload)
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+def send_minimal(environ: os._Environ[str] | dict[str, str], event: str, message: str, priority: int) -> bool:
+    """An entry from the passthrough path, which has no settings object (stdlib only)."""
+    path = environ.get("RUNC_GUARD_JOURNAL_SOCKET") or DEFAULT_SOCKET
+    return send(
+        {
+            "MESSAGE": f"{event}: {message}",
+            "PRIORITY": priority,
+            "SYSLOG_IDENTIFIER": IDENTIFIER,
+            "EVENT": event,
+            "RUNC_GUARD_PID": os.getpid(),
+        },
+        path,
+    )

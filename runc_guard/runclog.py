@@ -1,0 +1,42 @@
+"""Append runc-guard's verdict to the runtime's own ``--log`` file, in runc's format.
+
+containerd's shim reports the last ``"level":"error"`` line of that file as the
+reason a runtime call failed (go-runc's log reading), so our reason must be a
+line runc itself could have written: logrus JSON (``--log-format json``) or
+logrus text. runc 1.1 deletes nothing here, but containerd removes the bundle
+(and the file) after a successful delete, so we only write on failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+
+def _timestamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def format_line(level: str, msg: str, log_format: str) -> str:
+    """One logrus-style line, as runc writes it."""
+    if log_format == "json":
+        return json.dumps({"level": level, "msg": msg, "time": _timestamp()}) + "\n"
+    return f"time={json.dumps(_timestamp())} level={level} msg={json.dumps(msg)}\n"
+
+
+def append(log_path: str | None, level: str, msg: str, log_format: str) -> bool:
+    """Append to ``log_path``; False if there is none or it cannot be written."""
+    if not log_path:
+        return False
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return False
+    try:
+        os.write(fd, format_line(level, msg, log_format).encode())
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

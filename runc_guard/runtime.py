@@ -1,0 +1,148 @@
+"""Find the real runtime and hand control to it.
+
+Hot path: stdlib builtins only. ``exec_runtime`` is the one place that replaces
+this process with the runtime; ``run_runtime_child`` is the one place that runs
+it as a child (for ``delete``, whose aftermath runc-guard must still handle).
+"""
+
+from __future__ import annotations
+
+import os
+
+from runc_guard.errors import RuntimeNotFound
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import NoReturn
+
+DEFAULT_RUNTIME = "runc"
+#: PATH used when the environment has none (containerd's shim always sets one).
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def runtime_name_for(invoked_as: str, raw: Mapping[str, object], environ: Mapping[str, str]) -> str:
+    """The runtime this invocation fronts, by the name runc-guard was invoked as.
+
+    ``[runtimes]`` maps invocation names (e.g. a ``nvidia-runc-guard`` symlink) to
+    runtimes; otherwise ``RUNC_GUARD_RUNTIME``, then ``runtime``, then ``runc``.
+    """
+    table = raw.get("runtimes")
+    if table is not None and not isinstance(table, dict):
+        raise TypeError("runtimes must be a table of name = runtime")
+    if table and invoked_as in table:
+        value = table[invoked_as]
+        key = f"runtimes.{invoked_as}"
+    elif environ.get("RUNC_GUARD_RUNTIME"):
+        return environ["RUNC_GUARD_RUNTIME"]
+    else:
+        value = raw.get("runtime", DEFAULT_RUNTIME)
+        key = "runtime"
+    if not isinstance(value, str) or not value or "\0" in value:
+        raise TypeError(f"{key} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _usable(path: str) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return (st.st_mode & 0o170000) == 0o100000 and os.access(path, os.X_OK)
+
+
+def resolve_runtime(name: str, self_path: str, environ: Mapping[str, str]) -> str:
+    """Absolute path of runtime ``name``; never runc-guard itself.
+
+    A name without ``/`` is looked up on PATH like execvp would, skipping any entry
+    that is runc-guard itself (an install that shadows ``runc`` on PATH must still
+    reach the real one). An explicit path that is runc-guard is a loop: refused.
+    """
+    me = _identity(self_path)
+    if "/" in name:
+        if not _usable(name):
+            raise RuntimeNotFound(f"runtime {name!r} is missing or not an executable file")
+        if me is not None and _identity(name) == me:
+            raise RuntimeNotFound(f"runtime {name!r} is runc-guard itself: refusing to loop")
+        return name
+    looped = False
+    for directory in (environ.get("PATH") or DEFAULT_PATH).split(":"):
+        candidate = os.path.join(directory or ".", name)
+        if not _usable(candidate):
+            continue
+        if me is not None and _identity(candidate) == me:
+            looped = True
+            continue
+        return candidate
+    if looped:
+        raise RuntimeNotFound(f"the only {name!r} on PATH is runc-guard itself: refusing to loop")
+    raise RuntimeNotFound(f"runtime {name!r} not found on PATH")
+
+
+def _restore_inherited_signals() -> None:
+    """Undo CPython's start-up ``SIG_IGN`` of SIGPIPE and SIGXFSZ.
+
+    Ignored dispositions survive ``execve``; the runtime must start with the
+    defaults it would have had when exec'd by the Go shim (which ignores neither).
+    ``_signal`` is used because ``signal`` imports ``enum`` (~2 ms).
+    """
+    import _signal
+
+    _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
+    _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
+
+
+def exec_runtime(path: str, args: Sequence[str], environ: Mapping[str, str]) -> NoReturn:
+    """Replace this process with the runtime: same pid, fds, environment and argv[1:].
+
+    Returning from here is itself an error: execve only returns on failure, and
+    the OSError propagates to the shim's error boundary.
+    """
+    _restore_inherited_signals()
+    os.execve(path, [path, *args], environ)
+
+
+def run_runtime_child(path: str, args: Sequence[str], environ: Mapping[str, str]) -> int:
+    """Run the runtime as a child with our argv/env/fds; return its status as a shell would.
+
+    SIGTERM, SIGINT and SIGHUP sent to runc-guard are forwarded to the child, so
+    a caller that stops us also stops the runtime it asked for. A child killed by
+    signal N is reported as 128+N, like a shell and like go-runc's callers expect.
+    """
+    import signal
+    import subprocess
+
+    forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    child: subprocess.Popen[bytes] | None = None
+    pending: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if child is None:
+            pending.append(signum)
+        else:
+            try:
+                child.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in forwarded}
+    try:
+        _restore_inherited_signals()
+        # close_fds=False: the console socket, --preserve-fds and pid-file fds
+        # the caller handed us must reach the runtime as they would by exec.
+        child = subprocess.Popen([path, *args], env=dict(environ), close_fds=False)
+        for signum in pending:
+            child.send_signal(signum)
+        status = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - status if status < 0 else status
