@@ -45,8 +45,11 @@ def _send_memfd(sock: socket.socket, socket_path: str, payload: bytes) -> None:
         os.write(fd, payload)
         import fcntl
 
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
-        socket.send_fds(sock, [b""], [fd], socket.MSG_DONTWAIT, socket_path)
+        seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+        # socket.send_fds() drops its address argument on 3.11: use sendmsg directly.
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))]
+        sock.sendmsg([b""], rights, socket.MSG_DONTWAIT, socket_path)
     finally:
         os.close(fd)
 

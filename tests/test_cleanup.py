@@ -1,0 +1,144 @@
+"""The wait-and-remove loop, against a fake kernel whose processes die when told."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from runc_guard.cleanup import remove_cgroups, subtree_leaf_first
+from runc_guard.errors import EXIT_CGROUP_BUSY, EXIT_CGROUP_ERROR, CgroupBusy, CgroupRemovalFailed
+from tests.fakes import FakeClock, FakeCgroupFs
+
+ROOTS = ["/cg/memory/k/c1", "/cg/pids/k/c1"]
+
+
+def run(fs: FakeCgroupFs, clock: FakeClock, timeout: float = 3.0, kill: bool = True):  # type: ignore[no-untyped-def]
+    return remove_cgroups(ROOTS, fs, clock() + timeout, 0.02, kill, clock=clock)
+
+
+def test_removes_empty_tree_leaf_first(fake_fs: FakeCgroupFs, clock: FakeClock) -> None:
+    """Children go before parents; one attempt, no waiting."""
+    for root in ROOTS:
+        fake_fs.add(root)
+        fake_fs.add(root + "/nested")
+        fake_fs.add(root + "/nested/deeper")
+    report = run(fake_fs, clock)
+    assert fake_fs.dirs == {}
+    assert fake_fs.rmdirs.index(ROOTS[0] + "/nested/deeper") < fake_fs.rmdirs.index(ROOTS[0])
+    assert (report.attempts, len(report.removed), fake_fs.waits) == (1, 6, [])
+
+
+def test_already_gone_is_success(fake_fs: FakeCgroupFs, clock: FakeClock) -> None:
+    """ENOENT counts as success: nothing reported removed, no error."""
+    report = run(fake_fs, clock)
+    assert (report.attempts, report.removed) == (1, [])
+
+
+def test_waits_for_slow_exit_then_removes(fake_fs: FakeCgroupFs, clock: FakeClock) -> None:
+    """Processes that take 1 s to die are waited for, not given up on after 150 ms."""
+    fake_fs.dies_on_kill = False
+    for root in ROOTS:
+        fake_fs.add(root, [101, 102])
+    start = clock()
+
+    def exit_after_one_second(fs: FakeCgroupFs) -> None:
+        if clock() - start >= 1.0:
+            fs.exit(101)
+            fs.exit(102)
+
+    fake_fs.on_wait = exit_after_one_second
+    report = run(fake_fs, clock)
+    assert fake_fs.dirs == {}
+    assert sorted(report.killed) == [101, 102]
+    assert 1000 <= report.waited_ms <= 1100
+    # every wait was on the populated cgroups, never a spin without sleeping
+    assert all(paths and timeout > 0 for paths, timeout, _ in fake_fs.waits)
+
+
+def test_deadline_gives_cgroup_busy_with_report(fake_fs: FakeCgroupFs, clock: FakeClock) -> None:
+    """Processes that never die: CgroupBusy (exit 75) at the deadline, carrying the report."""
+    fake_fs.dies_on_kill = False
+    fake_fs.add(ROOTS[0], [7])
+    with pytest.raises(CgroupBusy) as info:
+        run(fake_fs, clock, timeout=0.5)
+    exc = info.value
+    assert exc.exit_code == EXIT_CGROUP_BUSY == 75
+    assert exc.pids == (7,) and exc.path == ROOTS[0]
+    assert 500 <= exc.waited_ms <= 520
+    assert exc.report.attempts == len(fake_fs.waits) + 1  # type: ignore[attr-defined]
+    assert "does not exist" not in str(exc)
+
+
+def test_no_kill_when_disabled(fake_fs: FakeCgroupFs, clock: FakeClock) -> None:
+    """kill_stragglers = false: nobody is signalled."""
+    fake_fs.add(ROOTS[0], [7])
+    with pytest.raises(CgroupBusy):
+        run(fake_fs, clock, timeout=0.1, kill=False)
+    assert fake_fs.killed == []
+
+
+def test_only_members_are_killed(fake_fs: FakeCgroupFs, clock: FakeClock) -> None:
+    """A pid listed in cgroup.procs but dead by the time we look is never signalled."""
+    fake_fs.add(ROOTS[0], [7, 8])
+    fake_fs.alive.discard(8)
+    run(fake_fs, clock)
+    assert fake_fs.killed == [7]
+
+
+@pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES, errno.EPERM])
+def test_non_retryable_rmdir_fails_fast(fake_fs: FakeCgroupFs, clock: FakeClock, code: int) -> None:
+    """EROFS/EACCES/EPERM: CgroupRemovalFailed (exit 74) on the first attempt, no waiting."""
+    fake_fs.add(ROOTS[0])
+    fake_fs.rmdir_errors[ROOTS[0]] = code
+    with pytest.raises(CgroupRemovalFailed) as info:
+        run(fake_fs, clock)
+    assert info.value.exit_code == EXIT_CGROUP_ERROR == 74
+    assert errno.errorcode[code] in str(info.value)
+    assert fake_fs.waits == []
+
+
+def test_ebusy_without_pids_is_retried_until_it_clears(fake_fs: FakeCgroupFs, clock: FakeClock) -> None:
+    """EBUSY with an empty cgroup.procs (kernel still tearing down) is retried on the poll interval."""
+    fake_fs.add(ROOTS[0])
+    fake_fs.rmdir_errors[ROOTS[0]] = errno.EBUSY
+
+    def clear(fs: FakeCgroupFs) -> None:
+        if len(fs.waits) == 3:
+            del fs.rmdir_errors[ROOTS[0]]
+
+    fake_fs.on_wait = clear
+    report = run(fake_fs, clock)
+    assert report.attempts == 4 and fake_fs.dirs == {}
+    assert all(paths == () for paths, _, _ in fake_fs.waits)  # nothing to wake us: plain poll
+
+
+def test_child_created_during_removal_is_removed_too(fake_fs: FakeCgroupFs, clock: FakeClock) -> None:
+    """A child cgroup that appears between attempts is found and removed before its parent."""
+    fake_fs.dies_on_kill = False
+    fake_fs.add(ROOTS[0], [5])
+
+    def late_child(fs: FakeCgroupFs) -> None:
+        if len(fs.waits) == 1:
+            fs.add(ROOTS[0] + "/late")
+            fs.exit(5)
+
+    fake_fs.on_wait = late_child
+    run(fake_fs, clock)
+    assert fake_fs.rmdirs == [ROOTS[0] + "/late", ROOTS[0]]
+
+
+def test_at_least_one_attempt_after_deadline(fake_fs: FakeCgroupFs, clock: FakeClock) -> None:
+    """Even with the deadline already past, one removal pass runs."""
+    fake_fs.add(ROOTS[0])
+    remove_cgroups(ROOTS, fake_fs, clock() - 1, 0.02, True, clock=clock)
+    assert fake_fs.dirs == {}
+
+
+def test_subtree_order(fake_fs: FakeCgroupFs) -> None:
+    """Leaf-first order lists every descendant before its ancestor."""
+    for p in ("/r", "/r/a", "/r/a/x", "/r/b"):
+        fake_fs.add(p)
+    order = subtree_leaf_first("/r", fake_fs)
+    assert order[-1] == "/r" and order.index("/r/a/x") < order.index("/r/a")
+    assert sorted(order) == ["/r", "/r/a", "/r/a/x", "/r/b"]

@@ -1,0 +1,115 @@
+"""Settings: defaults, file, RUNC_GUARD_* overrides, validation and the start-up cache."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from runc_guard.config import DEFAULT_DELETE_TIMEOUT, Settings, load_settings, settings_from
+from runc_guard.errors import EXIT_CONFIG, ConfigError
+from runc_guard.settings_file import read_settings_file
+
+
+def env_for(tmp_path: os.PathLike[str], text: str | None = None, **extra: str) -> dict[str, str]:
+    path = os.path.join(tmp_path, "config.toml")
+    if text is not None:
+        with open(path, "w") as f:
+            f.write(text)
+    return {"RUNC_GUARD_CONFIG": path, "RUNC_GUARD_CACHE_DIR": os.path.join(tmp_path, "cache"), **extra}
+
+
+def test_defaults_fit_containerd_cleanup_budget(tmp_path: os.PathLike[str]) -> None:
+    """Without a file: defaults, and the delete deadline leaves room in containerd's 5 s."""
+    settings = load_settings(env_for(tmp_path))
+    assert settings == Settings()
+    assert settings.delete_timeout == DEFAULT_DELETE_TIMEOUT < 5.0
+
+
+def test_file_then_environment(tmp_path: os.PathLike[str]) -> None:
+    """The file sets values; RUNC_GUARD_<KEY> overrides them."""
+    env = env_for(tmp_path, 'delete_timeout = 2\npoll_interval = 0.05\nruntime = "/x/runc"\n',
+                  RUNC_GUARD_DELETE_TIMEOUT="4.5")
+    settings = load_settings(env)
+    assert (settings.delete_timeout, settings.poll_interval, settings.runtime) == (4.5, 0.05, "/x/runc")
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("delete_timout = 2\n", "unknown setting(s): delete_timout"),
+        ('delete_timeout = "soon"\n', "delete_timeout"),
+        ("delete_timeout = -1\n", "delete_timeout"),
+        ("poll_interval = 0\n", "poll_interval"),
+        ('pending_dir = "relative"\n', "pending_dir"),
+        ('log_level = "loud"\n', "log_level"),
+        ("kill_stragglers = 3\n", "kill_stragglers"),
+        ("runtimes = 3\n", "runtimes"),
+        ("delete_timeout = nan\n", "delete_timeout"),
+        ("this is not toml\n", "cannot use settings file"),
+    ],
+)
+def test_bad_settings_name_the_problem(tmp_path: os.PathLike[str], text: str, needle: str) -> None:
+    """A bad file raises ConfigError (exit 78) whose message names the key."""
+    with pytest.raises(ConfigError) as info:
+        load_settings(env_for(tmp_path, text))
+    assert needle in str(info.value)
+    assert info.value.exit_code == EXIT_CONFIG == 78
+
+
+def test_bad_environment_value(tmp_path: os.PathLike[str]) -> None:
+    """A bad RUNC_GUARD_* value names the variable."""
+    with pytest.raises(ConfigError, match="RUNC_GUARD_POLL_INTERVAL"):
+        load_settings(env_for(tmp_path, RUNC_GUARD_POLL_INTERVAL="fast"))
+
+
+def test_runtimes_from_environment() -> None:
+    """RUNC_GUARD_RUNTIMES takes name=runtime pairs."""
+    settings = settings_from({}, {"RUNC_GUARD_RUNTIMES": "a=runc,b=/usr/bin/crun"}, "t")
+    assert settings.runtimes == {"a": "runc", "b": "/usr/bin/crun"}
+
+
+def test_unreadable_file(tmp_path: os.PathLike[str]) -> None:
+    """A settings path that cannot be read (a directory here) is a ConfigError, not a traceback."""
+    env = env_for(tmp_path)
+    os.mkdir(env["RUNC_GUARD_CONFIG"])
+    with pytest.raises(ConfigError, match="cannot use settings file"):
+        load_settings(env)
+
+
+def test_cache_hit_returns_same_data_and_edit_invalidates(tmp_path: os.PathLike[str]) -> None:
+    """The marshal cache returns the parsed file; any edit of the file misses it."""
+    env = env_for(tmp_path, 'runtime = "a"\n')
+    first = read_settings_file(env["RUNC_GUARD_CONFIG"], env["RUNC_GUARD_CACHE_DIR"])
+    assert os.listdir(env["RUNC_GUARD_CACHE_DIR"])
+    assert read_settings_file(env["RUNC_GUARD_CONFIG"], env["RUNC_GUARD_CACHE_DIR"]) == first
+    with open(env["RUNC_GUARD_CONFIG"], "w") as f:
+        f.write('runtime = "b"\n')
+    assert read_settings_file(env["RUNC_GUARD_CONFIG"], env["RUNC_GUARD_CACHE_DIR"]) == {"runtime": "b"}
+
+
+def test_cache_hit_does_not_import_tomllib(tmp_path: os.PathLike[str]) -> None:
+    """A warm cache keeps tomllib (~10 ms) off the shim's start-up."""
+    env = env_for(tmp_path, 'runtime = "a"\n')
+    code = (
+        "import sys; from runc_guard.settings_file import read_settings_file as r;"
+        f"r({env['RUNC_GUARD_CONFIG']!r}, {env['RUNC_GUARD_CACHE_DIR']!r});"
+        "print('tomllib' in sys.modules)"
+    )
+    outs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            for _ in range(2)]
+    assert outs == ["True\n", "False\n"]
+
+
+def test_untrusted_cache_is_ignored(tmp_path: os.PathLike[str]) -> None:
+    """A cache writable by others is never unmarshalled: the file is parsed instead."""
+    env = env_for(tmp_path, 'runtime = "a"\n')
+    read_settings_file(env["RUNC_GUARD_CONFIG"], env["RUNC_GUARD_CACHE_DIR"])
+    (name,) = os.listdir(env["RUNC_GUARD_CACHE_DIR"])
+    cache = os.path.join(env["RUNC_GUARD_CACHE_DIR"], name)
+    with open(cache, "wb") as f:
+        f.write(b"\xff garbage")
+    os.chmod(cache, 0o666)
+    assert read_settings_file(env["RUNC_GUARD_CONFIG"], env["RUNC_GUARD_CACHE_DIR"]) == {"runtime": "a"}

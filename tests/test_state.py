@@ -1,0 +1,100 @@
+"""Reading runc's state.json: what we take from it, and every way it can be wrong."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from runc_guard.errors import StateUnreadable
+from runc_guard.state import MAX_STATE_BYTES, parse_state, read_state
+
+GOOD = {
+    "id": "c1",
+    "init_process_pid": 4242,
+    "init_process_start": 9918,
+    "cgroup_paths": {
+        "": "/sys/fs/cgroup/unified/k/c1",
+        "memory": "/sys/fs/cgroup/memory/k/c1",
+        "name=systemd": "/sys/fs/cgroup/systemd/k/c1",
+        "rdma": "",
+    },
+    "config": {"cgroups": {"path": "/k/c1", "name": ""}},
+}
+
+
+def write_state(root: str, doc: object, cid: str = "c1") -> None:
+    os.makedirs(os.path.join(root, cid), exist_ok=True)
+    with open(os.path.join(root, cid, "state.json"), "w") as f:
+        f.write(doc if isinstance(doc, str) else json.dumps(doc))
+
+
+def test_reads_runc_state(tmp_path: os.PathLike[str]) -> None:
+    """Every non-empty cgroup path (v1 incl. name=systemd, and v2 under ""), init pid and start."""
+    write_state(str(tmp_path), GOOD)
+    state = read_state(str(tmp_path), "c1")
+    assert state.cgroup_paths == {k: v for k, v in GOOD["cgroup_paths"].items() if v}  # type: ignore[attr-defined]
+    assert (state.init_pid, state.init_start, state.cgroups_path) == (4242, 9918, "/k/c1")
+
+
+@pytest.mark.parametrize(
+    ("doc", "needle"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[]", "expected a JSON object"),
+        ({**GOOD, "id": "other"}, "is not 'c1'"),
+        ({**GOOD, "cgroup_paths": ["/x"]}, "cgroup_paths"),
+        ({**GOOD, "cgroup_paths": {"memory": 3}}, "cgroup_paths"),
+        ({**GOOD, "init_process_pid": "12"}, "init_process_pid"),
+        ({**GOOD, "init_process_pid": True}, "init_process_pid"),
+        ({**GOOD, "init_process_start": -1}, "init_process_start"),
+        ("[" * 100000 + "]" * 100000, "not valid JSON"),
+    ],
+)
+def test_corrupt_state_is_reported_not_raised_raw(tmp_path: os.PathLike[str], doc: object, needle: str) -> None:
+    """Corrupt or tampered documents raise StateUnreadable with a clear reason."""
+    write_state(str(tmp_path), doc)
+    with pytest.raises(StateUnreadable, match=needle):
+        read_state(str(tmp_path), "c1")
+
+
+def test_missing_state(tmp_path: os.PathLike[str]) -> None:
+    """No state.json: StateUnreadable, and never the words containerd treats as success."""
+    with pytest.raises(StateUnreadable) as info:
+        read_state(str(tmp_path), "c1")
+    assert "does not exist" not in str(info.value)
+
+
+def test_symlinked_state_is_not_followed(tmp_path: os.PathLike[str]) -> None:
+    """state.json that is a symlink is refused (O_NOFOLLOW)."""
+    target = os.path.join(tmp_path, "elsewhere.json")
+    with open(target, "w") as f:
+        json.dump(GOOD, f)
+    os.makedirs(os.path.join(tmp_path, "c1"))
+    os.symlink(target, os.path.join(tmp_path, "c1", "state.json"))
+    with pytest.raises(StateUnreadable, match="symlink"):
+        read_state(str(tmp_path), "c1")
+
+
+def test_huge_state_is_refused(tmp_path: os.PathLike[str]) -> None:
+    """A state file past the size cap is refused without reading it all."""
+    os.makedirs(os.path.join(tmp_path, "c1"))
+    with open(os.path.join(tmp_path, "c1", "state.json"), "wb") as f:
+        f.truncate(MAX_STATE_BYTES + 1)
+    with pytest.raises(StateUnreadable, match="cap"):
+        read_state(str(tmp_path), "c1")
+
+
+def test_state_that_is_a_fifo_is_refused(tmp_path: os.PathLike[str]) -> None:
+    """A FIFO in place of state.json does not block the delete."""
+    os.makedirs(os.path.join(tmp_path, "c1"))
+    os.mkfifo(os.path.join(tmp_path, "c1", "state.json"))
+    with pytest.raises(StateUnreadable, match="not a regular file"):
+        read_state(str(tmp_path), "c1")
+
+
+def test_parse_state_ignores_unrelated_fields() -> None:
+    """Fields runc-guard does not use may be anything."""
+    doc = {**GOOD, "config": "whatever", "namespace_paths": None}
+    assert parse_state(json.dumps(doc).encode(), "c1").cgroups_path == ""
