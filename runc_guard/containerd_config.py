@@ -246,9 +246,7 @@ def _load(files: Sequence[ConfigFile], default_version: int) -> list[_Loaded]:
     for index, f in enumerate(files):
         doc = parse(f.text or "", f.path)
         blank = is_blank(doc)
-        if blank:
-            version = main_version
-        elif index > 0 and "version" not in doc:
+        if blank or (index > 0 and "version" not in doc):
             version = main_version
         else:
             version = config_version(doc, f.path)

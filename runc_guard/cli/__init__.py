@@ -12,6 +12,7 @@ import sys
 import click
 
 from runc_guard import __version__
+from runc_guard.cli.configure import configure
 from runc_guard.cli.doctor import doctor
 from runc_guard.errors import RuncGuardError
 
@@ -29,6 +30,7 @@ def cli() -> None:
 
 
 cli.add_command(doctor)
+cli.add_command(configure)
 
 
 def main() -> None:
