@@ -1,0 +1,259 @@
+"""The interposed delete on the real kernel with real runc 1.1.5 (DESIGN.md §1, Path B).
+
+Each test builds a host-PID busybox container, holds some of its children in a
+frozen v1 freezer (their SIGKILL stays pending), kills init and runs
+``delete --force``. Stock runc must leak (the control: if it stops leaking, the
+harness stopped reproducing the incident); runc-guard must leave nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from integration import journald as jd
+from integration.lab import RUNC, cgroup_mount_points, procs, remove_tree, wait_for
+from integration.scenario import guard_env, run_leak_scenario
+
+pytestmark = pytest.mark.kernel
+
+
+def test_stock_runc_leaks_the_cgroups(workdir: str) -> None:
+    """Control: runc 1.1.5 exits 0 and leaves the container's cgroups in every hierarchy but freezer."""
+    result = run_leak_scenario(RUNC, workdir, 1.0, guard_env(workdir))
+    assert result["exit_status"] == 0
+    assert len(result["left"]) >= len(cgroup_mount_points()) - 1
+    assert not result["state_exists"]  # runc 1.1 deletes its state even though it failed
+
+
+def test_runc_guard_leaves_nothing(shim_binary: str, workdir: str) -> None:
+    """runc-guard waits for the held processes, then removes every dir incl. a nested child cgroup."""
+    result = run_leak_scenario(shim_binary, workdir, 1.5, guard_env(workdir))
+    assert result["exit_status"] == 0, result["stderr"]
+    assert result["left"] == []
+    assert result["pending"] == []
+    assert result["stdout"] == ""
+    events = [json.loads(line) for line in open(os.path.join(workdir, "events.jsonl"))]
+    (entry,) = [e for e in events if e["event"] == "delete"]
+    assert entry["outcome"] == "removed" and entry["container_id"] == result["container_id"]
+    assert entry["attempts"] >= 2 and entry["waited_ms"] > 0  # it really waited for the release
+    stats = [json.loads(line) for line in open(os.path.join(workdir, "stats.jsonl"))]
+    assert stats[-1]["outcome"] == "removed"
+
+
+def test_deadline_gives_exit_75_log_line_and_record(shim_binary: str, workdir: str) -> None:
+    """Held past delete_timeout: exit 75, reason on stderr and in --log (JSON error), record kept."""
+    env = guard_env(workdir, RUNC_GUARD_DELETE_TIMEOUT="1")
+    result = run_leak_scenario(shim_binary, workdir, 4.0, env)
+    assert result["exit_status"] == 75
+    assert "still in use" in result["stderr"] and "does not exist" not in result["stderr"]
+    last = json.loads(result["log_lines"][-1])
+    assert last["level"] == "error" and "runc-guard: cgroup" in last["msg"]
+    (record,) = result["pending"]
+    assert record.startswith(result["container_id"] + "@")
+    assert result["stdout"] == ""
+
+
+def test_journald_receives_canonical_entry(shim_binary: str, workdir: str) -> None:
+    """A real journald gets one canonical entry, queryable by CONTAINER_ID."""
+    if not jd.available():
+        pytest.fail("systemd-journald is missing: make deps installs the systemd package")
+    with jd.private_journald() as journal:
+        env = guard_env(workdir, RUNC_GUARD_JOURNAL_SOCKET=journal.socket)
+        result = run_leak_scenario(shim_binary, workdir, 1.0, env, nested=False)
+        assert result["exit_status"] == 0, result["stderr"]
+        entries = journal.wait_entries(f"CONTAINER_ID={result['container_id']}", "EVENT=delete")
+    (entry,) = entries
+    assert entry["SYSLOG_IDENTIFIER"] == "runc-guard"
+    assert entry["OUTCOME"] == "removed" and int(entry["ATTEMPTS"]) >= 2 and int(entry["WAITED_MS"]) > 0
+    assert entry["PRIORITY"] == "6"
+    assert not os.path.exists(os.path.join(workdir, "events.jsonl"))  # journald took it
+
+
+def test_pure_cgroup_v2(shim_binary: str, tmp_path: os.PathLike[str]) -> None:
+    """Pure v2 (private mount namespace, cgroup2 at /sys/fs/cgroup): stock runc leaks, runc-guard does not."""
+    results = {}
+    for name, binary in (("stock", RUNC), ("guard", shim_binary)):
+        freezer = os.path.join(tmp_path, f"freezer-{name}")
+        os.mkdir(freezer)
+        script = (
+            "set -e; mount --make-rprivate /; umount -l /sys/fs/cgroup; "
+            "mount -t cgroup2 none /sys/fs/cgroup; "
+            f"mount -t cgroup -o freezer freezer {freezer}; "
+            f"cd {os.getcwd()}; exec {sys.executable} -m integration.scenario "
+            f"--binary {binary} --hold 1.5 --freezer-root {freezer}"
+        )
+        proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True,
+                              text=True, timeout=120, check=False)
+        results[name] = json.loads(proc.stdout) if proc.returncode == 0 else {"error": proc.stderr}
+        relative = results[name].get("cgroup_relative", "")
+        # whatever happened inside, nothing may stay in the real unified tree
+        if relative:
+            parent = relative.strip("/").split("/")[0]
+            leftover = f"/sys/fs/cgroup/unified/{parent}"
+            if os.path.isdir(leftover):
+                for d, _, _ in os.walk(leftover):
+                    for pid in procs(d):
+                        os.kill(pid, signal.SIGKILL)
+                time.sleep(0.2)
+                remove_tree(leftover)
+        os.rmdir(freezer)
+    assert "error" not in results["stock"], results["stock"]
+    assert "error" not in results["guard"], results["guard"]
+    assert results["stock"]["exit_status"] == 0 and results["stock"]["left"], "control must leak on v2"
+    assert all(p.startswith("/sys/fs/cgroup/rgtest") for p in results["stock"]["left"])
+    assert results["guard"]["exit_status"] == 0, results["guard"]["stderr"]
+    assert results["guard"]["left"] == []
+
+
+def test_no_state_passes_delete_through(shim_binary: str, workdir: str) -> None:
+    """Unknown container: runc's own answer and exit status, a warning in the log, no traceback."""
+    root = os.path.join(workdir, "root")
+    os.mkdir(root)
+    args = ["--root", root, "delete", "--force", "rgtest-absent"]
+    stock = subprocess.run([RUNC, *args], capture_output=True, text=True, check=False)
+    guard = subprocess.run([shim_binary, *args], capture_output=True, text=True,
+                           env=guard_env(workdir), check=False)
+    assert guard.returncode == stock.returncode
+    assert "Traceback" not in guard.stderr and stock.stderr.strip().split("msg=")[-1] in guard.stderr
+    events = [json.loads(line)["event"] for line in open(os.path.join(workdir, "events.jsonl"))]
+    assert events == ["state_unreadable", "delete"]
+
+
+class ForeignProcess:
+    """A process outside every container cgroup, started and stopped by its pid."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(["sleep", "600"])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _fake_state(root: str, cid: str, relative: str, init_pid: int) -> list[str]:
+    """A runc-like state.json naming real cgroups we created (empty but for what the test adds)."""
+    paths = {}
+    made = []
+    for mount in cgroup_mount_points():
+        path = os.path.join(mount, relative.strip("/"))
+        os.makedirs(path)
+        made.append(path)
+        key = "" if mount.endswith("unified") else os.path.basename(mount)
+        key = "name=systemd" if key == "systemd" else key
+        paths[key] = path
+    os.makedirs(os.path.join(root, cid))
+    with open(os.path.join(root, cid, "state.json"), "w") as f:
+        json.dump({"id": cid, "init_process_pid": init_pid, "init_process_start": 1,
+                   "cgroup_paths": paths, "config": {"cgroups": {"path": relative}}}, f)
+    return made
+
+
+def test_recycled_init_pid_is_never_signalled(shim_binary: str, workdir: str) -> None:
+    """An init pid that now belongs to an unrelated process outside the cgroup survives; a straggler inside does not."""
+    foreign = ForeignProcess()
+    straggler = ForeignProcess()
+    cid = f"rgtest-{uuid.uuid4().hex[:8]}"
+    relative = f"/{cid}-parent/{cid}"
+    root = os.path.join(workdir, "root")
+    made: list[str] = []
+    try:
+        made = _fake_state(root, cid, relative, foreign.proc.pid)
+        memory = next(p for p in made if "/memory/" in p)
+        with open(os.path.join(memory, "cgroup.procs"), "w") as f:
+            f.write(str(straggler.proc.pid))
+        env = guard_env(workdir, RUNC_GUARD_RUNTIME="/bin/true")
+        proc = subprocess.run([shim_binary, "--root", root, "delete", "--force", cid],
+                              capture_output=True, text=True, env=env, check=False, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        assert foreign.proc.poll() is None, "the recycled pid was signalled"
+        assert wait_for(lambda: straggler.proc.poll() is not None, 5)
+        assert straggler.proc.returncode == -signal.SIGKILL
+        assert not any(os.path.exists(p) for p in made)
+    finally:
+        foreign.stop()
+        straggler.stop()
+        for path in made:
+            remove_tree(path)
+            parent = os.path.dirname(path)
+            if os.path.isdir(parent):
+                os.rmdir(parent)
+
+
+def test_tampered_state_touches_nothing(shim_binary: str, workdir: str) -> None:
+    """state.json aiming at a sibling's cgroup: exit 65, runtime not run, sibling and its process untouched."""
+    sibling = ForeignProcess()
+    cid = f"rgtest-{uuid.uuid4().hex[:8]}"
+    root = os.path.join(workdir, "root")
+    made: list[str] = []
+    try:
+        made = _fake_state(root, cid, f"/{cid}-parent/{cid}", 1)
+        memory = next(p for p in made if "/memory/" in p)
+        with open(os.path.join(memory, "cgroup.procs"), "w") as f:
+            f.write(str(sibling.proc.pid))
+        state_path = os.path.join(root, cid, "state.json")
+        doc = json.load(open(state_path))
+        doc["cgroup_paths"]["memory"] = os.path.dirname(memory)  # the parent: not the container
+        json.dump(doc, open(state_path, "w"))
+        marker = os.path.join(workdir, "runtime-ran")
+        runtime = os.path.join(workdir, "fake-runtime")
+        with open(runtime, "w") as f:
+            f.write(f"#!/bin/sh\ntouch {marker}\n")
+        os.chmod(runtime, 0o755)
+        env = guard_env(workdir, RUNC_GUARD_RUNTIME=runtime)
+        proc = subprocess.run([shim_binary, "--root", root, "delete", "--force", cid],
+                              capture_output=True, text=True, env=env, check=False)
+        assert proc.returncode == 65
+        assert not os.path.exists(marker), "the runtime must not run on tampered state"
+        assert "refusing cgroup path" in proc.stderr and "Traceback" not in proc.stderr
+        assert sibling.proc.poll() is None
+        assert all(os.path.isdir(p) for p in made)
+    finally:
+        sibling.stop()
+        for path in made:
+            remove_tree(path)
+            parent = os.path.dirname(path)
+            if os.path.isdir(parent):
+                os.rmdir(parent)
+
+
+def test_sigterm_during_wait_keeps_record(shim_binary: str, workdir: str) -> None:
+    """SIGTERM while waiting for a held cgroup: exit 143, record kept for the sweep, clear reason."""
+    straggler = ForeignProcess()
+    cid = f"rgtest-{uuid.uuid4().hex[:8]}"
+    root = os.path.join(workdir, "root")
+    made: list[str] = []
+    try:
+        made = _fake_state(root, cid, f"/{cid}-parent/{cid}", 1)
+        memory = next(p for p in made if "/memory/" in p)
+        with open(os.path.join(memory, "cgroup.procs"), "w") as f:
+            f.write(str(straggler.proc.pid))
+        env = guard_env(workdir, RUNC_GUARD_RUNTIME="/bin/true", RUNC_GUARD_KILL_STRAGGLERS="false",
+                        RUNC_GUARD_DELETE_TIMEOUT="30")
+        proc = subprocess.Popen([shim_binary, "--root", root, "delete", "--force", cid],
+                                stderr=subprocess.PIPE, text=True, env=env)
+        pending = os.path.join(workdir, "pending")
+        assert wait_for(lambda: os.path.isdir(pending) and os.listdir(pending), 10)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=10)
+        assert proc.returncode == 128 + signal.SIGTERM
+        assert "interrupted by SIGTERM" in err
+        assert len(os.listdir(pending)) == 1
+        assert straggler.proc.poll() is None  # kill_stragglers=false respected
+    finally:
+        straggler.stop()
+        for path in made:
+            wait_for(lambda p=path: not procs(p), 5)  # type: ignore[misc]
+            remove_tree(path)
+            parent = os.path.dirname(path)
+            if os.path.isdir(parent):
+                os.rmdir(parent)
