@@ -35,7 +35,10 @@ class Journald:
         """Entries matching ``FIELD=value`` terms, as ``journalctl -o json`` gives them."""
         out = subprocess.run(
             ["journalctl", f"--namespace={self.namespace}", "--no-pager", "-o", "json", *matches],
-            capture_output=True, text=True, check=False, timeout=30,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
         ).stdout
         return [json.loads(line) for line in out.splitlines() if line.strip()]
 
@@ -60,8 +63,10 @@ def private_journald(prefix: str = "rgtest") -> Iterator[Journald]:
     """Start journald in a fresh namespace; always stop it and remove its files."""
     namespace = unique(prefix)
     proc = subprocess.Popen(
-        [JOURNALD, namespace], stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [JOURNALD, namespace],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     socket = f"/run/systemd/journal.{namespace}/socket"
     try:

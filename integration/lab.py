@@ -75,6 +75,19 @@ def procs(path: str) -> list[int]:
         return []
 
 
+def read_lines(path: str) -> list[str]:
+    """Lines of a text file; [] when it does not exist."""
+    try:
+        with open(path) as f:
+            return f.read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def read_jsonl(path: str) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(line) for line in read_lines(path) if line.strip()]
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:  # type: ignore[no-untyped-def]
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -147,9 +160,7 @@ def make_bundle(directory: str, cgroups_path: str, script: str, host_pid: bool =
     config["process"]["args"] = ["sh", "-c", script]
     config["root"]["readonly"] = False
     if host_pid:
-        config["linux"]["namespaces"] = [
-            ns for ns in config["linux"]["namespaces"] if ns["type"] != "pid"
-        ]
+        config["linux"]["namespaces"] = [ns for ns in config["linux"]["namespaces"] if ns["type"] != "pid"]
     config["linux"]["cgroupsPath"] = cgroups_path
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f)
@@ -184,8 +195,12 @@ class RuncContainer:
             try:
                 subprocess.run(
                     [RUNC, "--root", root, "run", "-d", cid],
-                    cwd=bundle, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                    stderr=err, check=True, timeout=30,
+                    cwd=bundle,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                    check=True,
+                    timeout=30,
                 )
                 if not wait_for(lambda: len(ctr.pids()) >= children + 1, 10):
                     raise RuntimeError(f"container {cid} did not start {children} children")
@@ -236,7 +251,10 @@ class RuncContainer:
                     os.kill(pid, signal.SIGKILL)
         subprocess.run(
             [RUNC, "--root", self.root, "delete", "--force", self.id],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=30,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+            timeout=30,
         )
         wait_for(lambda: not any(procs(d) for d in self.cgroup_dirs()), 10)
         parent = self.cgroup_relative.rsplit("/", 1)[0]

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from integration.lab import FREEZER, container_with_hold, wait_for
+from integration.lab import FREEZER, container_with_hold, read_lines, wait_for
 
 
 def guard_env(workdir: str, **overrides: str) -> dict[str, str]:
@@ -64,9 +64,23 @@ def run_leak_scenario(
         started = time.monotonic()
         try:
             proc = subprocess.run(
-                [binary, "--root", ctr.root, "--log", log_path, "--log-format", "json",
-                 "delete", "--force", ctr.id],
-                capture_output=True, text=True, env=env, timeout=60, check=False,
+                [
+                    binary,
+                    "--root",
+                    ctr.root,
+                    "--log",
+                    log_path,
+                    "--log-format",
+                    "json",
+                    "delete",
+                    "--force",
+                    ctr.id,
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=60,
+                check=False,
             )
         finally:
             elapsed = time.monotonic() - started
@@ -74,7 +88,7 @@ def run_leak_scenario(
         left = ctr.cgroup_dirs()
         pending_dir = env.get("RUNC_GUARD_PENDING_DIR", "")
         pending = sorted(os.listdir(pending_dir)) if os.path.isdir(pending_dir) else []
-        log_lines = open(log_path).read().splitlines() if os.path.exists(log_path) else []
+        log_lines = read_lines(log_path)
         return {
             "container_id": ctr.id,
             "cgroup_relative": ctr.cgroup_relative,

@@ -41,6 +41,12 @@ class Invocation:
 
     __slots__ = ("args", "container_id", "force", "globals", "subcommand")
 
+    globals: dict[str, str]
+    subcommand: str | None
+    args: tuple[str, ...]
+    container_id: str | None
+    force: bool
+
     def __init__(
         self,
         globals_: dict[str, str],

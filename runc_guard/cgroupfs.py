@@ -36,6 +36,7 @@ class CgroupFsOps(Protocol):
     def kill_if_member(self, pid: int, path: str) -> bool: ...
     def rmdir(self, path: str) -> None: ...
     def wait_for_change(self, paths: Iterable[str], timeout: float, event_timeout: float) -> None: ...
+    def modified_at(self, path: str) -> float | None: ...
 
 
 class _Statfs(ctypes.Structure):
@@ -55,7 +56,7 @@ def _statfs_type(path: str) -> int:
     if _libc.statfs(os.fsencode(path), ctypes.byref(buf)) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), path)
-    return buf.f_type & 0xFFFFFFFF
+    return int(buf.f_type) & 0xFFFFFFFF
 
 
 class RealCgroupFs:
@@ -124,6 +125,19 @@ class RealCgroupFs:
 
     def rmdir(self, path: str) -> None:
         os.rmdir(path)
+
+    def modified_at(self, path: str) -> float | None:
+        """mtime of a cgroup directory (its age for the sweep); None when it is gone.
+
+        kernfs stamps a directory when it is created and does not touch it when
+        children come and go, so this is its creation time. Sharp edge: if the
+        kernel evicts and re-instantiates the inode the stamp becomes "now",
+        which only makes the directory look younger (the sweep keeps it longer).
+        """
+        try:
+            return os.lstat(path).st_mtime
+        except (FileNotFoundError, NotADirectoryError):
+            return None
 
     def wait_for_change(self, paths: Iterable[str], timeout: float, event_timeout: float) -> None:
         """Sleep until a cgroup2 ``cgroup.events`` of ``paths`` changes, else ``timeout``.

@@ -21,7 +21,6 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type
 from runc_guard.cgroupfs import CgroupFsOps
 from runc_guard.errors import CgroupBusy, CgroupRemovalFailed
 
-
 #: Longest sleep while a cgroup2 ``cgroup.events`` can wake us: the event is the
 #: real signal, this only bounds the damage if a process left the unified tree.
 EVENT_WAIT = 0.25

@@ -85,7 +85,7 @@ def _to_runtimes(value: object) -> dict[str, str]:
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) and k and v for k, v in value.items()
     ):
-        raise ConfigError(f"runtimes: expected a table of name = \"runtime\", got {value!r}")
+        raise ConfigError(f'runtimes: expected a table of name = "runtime", got {value!r}')
     return dict(value)
 
 

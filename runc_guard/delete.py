@@ -255,7 +255,7 @@ def run_delete(
         settings = Settings()
     try:
         return DeleteRun(invocation, args, runtime, settings, config_error, environ).run()
-    except Exception as exc:  # the boundary: a bug must not print a traceback to containerd
+    except Exception as exc:  # noqa: BLE001 - the boundary: no traceback may reach containerd
         try:
             import traceback
 

@@ -65,8 +65,7 @@ class CgroupBusy(RuncGuardError):
         shown = ", ".join(str(p) for p in pids[:8]) + (" ..." if len(pids) > 8 else "")
         detail = f"{len(pids)} process(es) still inside: {shown}" if pids else "rmdir kept failing with EBUSY"
         super().__init__(
-            f"cgroup {path} still in use after {waited_ms} ms ({detail}); "
-            "recorded for runc-guardctl sweep"
+            f"cgroup {path} still in use after {waited_ms} ms ({detail}); recorded for runc-guardctl sweep"
         )
         self.path = path
         self.pids = pids

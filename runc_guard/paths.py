@@ -71,9 +71,7 @@ def check_path(path: str, fs: CgroupFsOps, mounts: Mapping[str, str]) -> str:
     return relative
 
 
-def check_container_paths(
-    state: ContainerState, fs: CgroupFsOps, mounts: Mapping[str, str]
-) -> list[str]:
+def check_container_paths(state: ContainerState, fs: CgroupFsOps, mounts: Mapping[str, str]) -> list[str]:
     """The container's distinct cgroup directories, all proven safe; raise on the first bad one."""
     relatives: dict[str, str] = {}
     for path in state.cgroup_paths.values():
@@ -88,7 +86,5 @@ def check_container_paths(
         expected = os.path.normpath(state.cgroups_path)
         (actual,) = distinct
         if actual != expected:
-            raise UnsafeCgroupPath(
-                sorted(relatives)[0], f"not the configured cgroupsPath {expected}"
-            )
+            raise UnsafeCgroupPath(sorted(relatives)[0], f"not the configured cgroupsPath {expected}")
     return sorted(relatives)

@@ -94,7 +94,7 @@ def _restore_inherited_signals() -> None:
     defaults it would have had when exec'd by the Go shim (which ignores neither).
     ``_signal`` is used because ``signal`` imports ``enum`` (~2 ms).
     """
-    import _signal
+    import _signal  # type: ignore[import-not-found]
 
     _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
     _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Iterator
 
 import pytest
 
-from tests.fakes import FakeClock, FakeCgroupFs
+from tests.fakes import FakeCgroupFs, FakeClock
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -45,7 +44,6 @@ def shim_binary() -> str:
 
 
 @pytest.fixture
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A private directory for runc-guard's paths (pending, cache, logs)."""
-    path = tmp_path_factory.mktemp("rg")
-    yield str(path)
+    return str(tmp_path_factory.mktemp("rg"))

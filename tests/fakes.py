@@ -55,7 +55,7 @@ class FakeCgroupFs:
 
     def children(self, path: str) -> list[str]:
         prefix = path + "/"
-        return [d for d in self.dirs if d.startswith(prefix) and "/" not in d[len(prefix):]]
+        return [d for d in self.dirs if d.startswith(prefix) and "/" not in d[len(prefix) :]]
 
     def read_procs(self, path: str) -> list[int]:
         return list(self.dirs.get(path, []))

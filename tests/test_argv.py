@@ -20,18 +20,24 @@ CASES = [
     (["--root=/r", "delete", "c1"], "delete", "c1", False, {"root": "/r"}),
     (["-root", "/r", "delete", "c1"], "delete", "c1", False, {"root": "/r"}),
     (["--log", "delete", "delete", "c1"], "delete", "c1", False, {"log": "delete"}),
-    (["--log", "/b/log.json", "--log-format", "json", "--systemd-cgroup", "delete", "--force", "c1"],
-     "delete", "c1", True, {"log": "/b/log.json", "log-format": "json", "systemd-cgroup": "true"}),
+    (
+        ["--log", "/b/log.json", "--log-format", "json", "--systemd-cgroup", "delete", "--force", "c1"],
+        "delete",
+        "c1",
+        True,
+        {"log": "/b/log.json", "log-format": "json", "systemd-cgroup": "true"},
+    ),
     (["--debug", "state", "c1"], "state", None, False, {"debug": "true"}),
-    (["--rootless", "auto", "--criu", "/c", "list"], "list", None, False,
-     {"rootless": "auto", "criu": "/c"}),
+    (["--rootless", "auto", "--criu", "/c", "list"], "list", None, False, {"rootless": "auto", "criu": "/c"}),
     (["--", "delete", "c1"], "delete", "c1", False, {}),
     (["--root", "/a", "--root", "/b", "delete", "c1"], "delete", "c1", False, {"root": "/b"}),
 ]
 
 
 @pytest.mark.parametrize(("argv", "sub", "cid", "force", "globals_"), CASES)
-def test_parse_table(argv: list[str], sub: str, cid: str | None, force: bool, globals_: dict[str, str]) -> None:
+def test_parse_table(
+    argv: list[str], sub: str, cid: str | None, force: bool, globals_: dict[str, str]
+) -> None:
     """Each form runc accepts yields the subcommand, id, --force and globals runc would see."""
     inv = parse(argv)
     assert (inv.subcommand, inv.container_id, inv.force, inv.globals) == (sub, cid, force, globals_)
@@ -83,8 +89,18 @@ def test_invocation_is_immutable() -> None:
 
 @pytest.mark.parametrize(
     ("cid", "ok"),
-    [("abc", True), ("a+b,c-d.e_f", True), ("0" * 64, True), (".", False), ("..", False),
-     ("a b", False), ("a\0b", False), ("/abs", False), ("a:b", False), ("\u0661", False)],
+    [
+        ("abc", True),
+        ("a+b,c-d.e_f", True),
+        ("0" * 64, True),
+        (".", False),
+        ("..", False),
+        ("a b", False),
+        ("a\0b", False),
+        ("/abs", False),
+        ("a:b", False),
+        ("\u0661", False),
+    ],
 )
 def test_valid_container_id(cid: str, ok: bool) -> None:
     """Only ids runc's own regex ^[\\w+-\\.]+$ accepts (ASCII) are acted on."""

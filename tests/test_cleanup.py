@@ -8,7 +8,7 @@ import pytest
 
 from runc_guard.cleanup import remove_cgroups, subtree_leaf_first
 from runc_guard.errors import EXIT_CGROUP_BUSY, EXIT_CGROUP_ERROR, CgroupBusy, CgroupRemovalFailed
-from tests.fakes import FakeClock, FakeCgroupFs
+from tests.fakes import FakeCgroupFs, FakeClock
 
 ROOTS = ["/cg/memory/k/c1", "/cg/pids/k/c1"]
 

@@ -30,8 +30,11 @@ def test_defaults_fit_containerd_cleanup_budget(tmp_path: os.PathLike[str]) -> N
 
 def test_file_then_environment(tmp_path: os.PathLike[str]) -> None:
     """The file sets values; RUNC_GUARD_<KEY> overrides them."""
-    env = env_for(tmp_path, 'delete_timeout = 2\npoll_interval = 0.05\nruntime = "/x/runc"\n',
-                  RUNC_GUARD_DELETE_TIMEOUT="4.5")
+    env = env_for(
+        tmp_path,
+        'delete_timeout = 2\npoll_interval = 0.05\nruntime = "/x/runc"\n',
+        RUNC_GUARD_DELETE_TIMEOUT="4.5",
+    )
     settings = load_settings(env)
     assert (settings.delete_timeout, settings.poll_interval, settings.runtime) == (4.5, 0.05, "/x/runc")
 
@@ -98,8 +101,10 @@ def test_cache_hit_does_not_import_tomllib(tmp_path: os.PathLike[str]) -> None:
         f"r({env['RUNC_GUARD_CONFIG']!r}, {env['RUNC_GUARD_CACHE_DIR']!r});"
         "print('tomllib' in sys.modules)"
     )
-    outs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-            for _ in range(2)]
+    outs = [
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        for _ in range(2)
+    ]
     assert outs == ["True\n", "False\n"]
 
 

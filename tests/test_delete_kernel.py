@@ -19,7 +19,7 @@ import uuid
 import pytest
 
 from integration import journald as jd
-from integration.lab import RUNC, cgroup_mount_points, procs, remove_tree, wait_for
+from integration.lab import RUNC, cgroup_mount_points, procs, read_jsonl, remove_tree, wait_for
 from integration.scenario import guard_env, run_leak_scenario
 
 pytestmark = pytest.mark.kernel
@@ -40,11 +40,11 @@ def test_runc_guard_leaves_nothing(shim_binary: str, workdir: str) -> None:
     assert result["left"] == []
     assert result["pending"] == []
     assert result["stdout"] == ""
-    events = [json.loads(line) for line in open(os.path.join(workdir, "events.jsonl"))]
+    events = read_jsonl(os.path.join(workdir, "events.jsonl"))
     (entry,) = [e for e in events if e["event"] == "delete"]
     assert entry["outcome"] == "removed" and entry["container_id"] == result["container_id"]
     assert entry["attempts"] >= 2 and entry["waited_ms"] > 0  # it really waited for the release
-    stats = [json.loads(line) for line in open(os.path.join(workdir, "stats.jsonl"))]
+    stats = read_jsonl(os.path.join(workdir, "stats.jsonl"))
     assert stats[-1]["outcome"] == "removed"
 
 
@@ -90,8 +90,9 @@ def test_pure_cgroup_v2(shim_binary: str, tmp_path: os.PathLike[str]) -> None:
             f"cd {os.getcwd()}; exec {sys.executable} -m integration.scenario "
             f"--binary {binary} --hold 1.5 --freezer-root {freezer}"
         )
-        proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True,
-                              text=True, timeout=120, check=False)
+        proc = subprocess.run(
+            ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120, check=False
+        )
         results[name] = json.loads(proc.stdout) if proc.returncode == 0 else {"error": proc.stderr}
         relative = results[name].get("cgroup_relative", "")
         # whatever happened inside, nothing may stay in the real unified tree
@@ -119,11 +120,12 @@ def test_no_state_passes_delete_through(shim_binary: str, workdir: str) -> None:
     os.mkdir(root)
     args = ["--root", root, "delete", "--force", "rgtest-absent"]
     stock = subprocess.run([RUNC, *args], capture_output=True, text=True, check=False)
-    guard = subprocess.run([shim_binary, *args], capture_output=True, text=True,
-                           env=guard_env(workdir), check=False)
+    guard = subprocess.run(
+        [shim_binary, *args], capture_output=True, text=True, env=guard_env(workdir), check=False
+    )
     assert guard.returncode == stock.returncode
     assert "Traceback" not in guard.stderr and stock.stderr.strip().split("msg=")[-1] in guard.stderr
-    events = [json.loads(line)["event"] for line in open(os.path.join(workdir, "events.jsonl"))]
+    events = [e["event"] for e in read_jsonl(os.path.join(workdir, "events.jsonl"))]
     assert events == ["state_unreadable", "delete"]
 
 
@@ -152,13 +154,21 @@ def _fake_state(root: str, cid: str, relative: str, init_pid: int) -> list[str]:
         paths[key] = path
     os.makedirs(os.path.join(root, cid))
     with open(os.path.join(root, cid, "state.json"), "w") as f:
-        json.dump({"id": cid, "init_process_pid": init_pid, "init_process_start": 1,
-                   "cgroup_paths": paths, "config": {"cgroups": {"path": relative}}}, f)
+        json.dump(
+            {
+                "id": cid,
+                "init_process_pid": init_pid,
+                "init_process_start": 1,
+                "cgroup_paths": paths,
+                "config": {"cgroups": {"path": relative}},
+            },
+            f,
+        )
     return made
 
 
 def test_recycled_init_pid_is_never_signalled(shim_binary: str, workdir: str) -> None:
-    """An init pid that now belongs to an unrelated process outside the cgroup survives; a straggler inside does not."""
+    """A recycled init pid (unrelated process outside the cgroup) survives; a straggler inside dies."""
     foreign = ForeignProcess()
     straggler = ForeignProcess()
     cid = f"rgtest-{uuid.uuid4().hex[:8]}"
@@ -171,8 +181,14 @@ def test_recycled_init_pid_is_never_signalled(shim_binary: str, workdir: str) ->
         with open(os.path.join(memory, "cgroup.procs"), "w") as f:
             f.write(str(straggler.proc.pid))
         env = guard_env(workdir, RUNC_GUARD_RUNTIME="/bin/true")
-        proc = subprocess.run([shim_binary, "--root", root, "delete", "--force", cid],
-                              capture_output=True, text=True, env=env, check=False, timeout=30)
+        proc = subprocess.run(
+            [shim_binary, "--root", root, "delete", "--force", cid],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+            timeout=30,
+        )
         assert proc.returncode == 0, proc.stderr
         assert foreign.proc.poll() is None, "the recycled pid was signalled"
         assert wait_for(lambda: straggler.proc.poll() is not None, 5)
@@ -189,7 +205,7 @@ def test_recycled_init_pid_is_never_signalled(shim_binary: str, workdir: str) ->
 
 
 def test_tampered_state_touches_nothing(shim_binary: str, workdir: str) -> None:
-    """state.json aiming at a sibling's cgroup: exit 65, runtime not run, sibling and its process untouched."""
+    """state.json aiming at a parent cgroup: exit 65, runtime not run, sibling process untouched."""
     sibling = ForeignProcess()
     cid = f"rgtest-{uuid.uuid4().hex[:8]}"
     root = os.path.join(workdir, "root")
@@ -200,17 +216,24 @@ def test_tampered_state_touches_nothing(shim_binary: str, workdir: str) -> None:
         with open(os.path.join(memory, "cgroup.procs"), "w") as f:
             f.write(str(sibling.proc.pid))
         state_path = os.path.join(root, cid, "state.json")
-        doc = json.load(open(state_path))
+        with open(state_path) as f:
+            doc = json.load(f)
         doc["cgroup_paths"]["memory"] = os.path.dirname(memory)  # the parent: not the container
-        json.dump(doc, open(state_path, "w"))
+        with open(state_path, "w") as f:
+            json.dump(doc, f)
         marker = os.path.join(workdir, "runtime-ran")
         runtime = os.path.join(workdir, "fake-runtime")
         with open(runtime, "w") as f:
             f.write(f"#!/bin/sh\ntouch {marker}\n")
         os.chmod(runtime, 0o755)
         env = guard_env(workdir, RUNC_GUARD_RUNTIME=runtime)
-        proc = subprocess.run([shim_binary, "--root", root, "delete", "--force", cid],
-                              capture_output=True, text=True, env=env, check=False)
+        proc = subprocess.run(
+            [shim_binary, "--root", root, "delete", "--force", cid],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
         assert proc.returncode == 65
         assert not os.path.exists(marker), "the runtime must not run on tampered state"
         assert "refusing cgroup path" in proc.stderr and "Traceback" not in proc.stderr
@@ -236,10 +259,18 @@ def test_sigterm_during_wait_keeps_record(shim_binary: str, workdir: str) -> Non
         memory = next(p for p in made if "/memory/" in p)
         with open(os.path.join(memory, "cgroup.procs"), "w") as f:
             f.write(str(straggler.proc.pid))
-        env = guard_env(workdir, RUNC_GUARD_RUNTIME="/bin/true", RUNC_GUARD_KILL_STRAGGLERS="false",
-                        RUNC_GUARD_DELETE_TIMEOUT="30")
-        proc = subprocess.Popen([shim_binary, "--root", root, "delete", "--force", cid],
-                                stderr=subprocess.PIPE, text=True, env=env)
+        env = guard_env(
+            workdir,
+            RUNC_GUARD_RUNTIME="/bin/true",
+            RUNC_GUARD_KILL_STRAGGLERS="false",
+            RUNC_GUARD_DELETE_TIMEOUT="30",
+        )
+        proc = subprocess.Popen(
+            [shim_binary, "--root", root, "delete", "--force", cid],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         pending = os.path.join(workdir, "pending")
         assert wait_for(lambda: os.path.isdir(pending) and os.listdir(pending), 10)
         time.sleep(0.5)

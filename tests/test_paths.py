@@ -10,7 +10,11 @@ from runc_guard.paths import check_container_paths, check_path
 from runc_guard.state import ContainerState
 from tests.fakes import FakeCgroupFs
 
-MOUNTS = {"/sys/fs/cgroup/memory": "cgroup", "/sys/fs/cgroup/pids": "cgroup", "/sys/fs/cgroup/unified": "cgroup2"}
+MOUNTS = {
+    "/sys/fs/cgroup/memory": "cgroup",
+    "/sys/fs/cgroup/pids": "cgroup",
+    "/sys/fs/cgroup/unified": "cgroup2",
+}
 
 
 @pytest.fixture(autouse=True)

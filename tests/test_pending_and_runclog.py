@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 
 import pytest
 
+from integration.lab import read_jsonl, read_lines
 from runc_guard import runclog
-from runc_guard.pending import PendingRecord, iter_records, read_record, record_path, remove_record, write_record
+from runc_guard.pending import (
+    PendingRecord,
+    iter_records,
+    read_record,
+    record_path,
+    remove_record,
+    write_record,
+)
 
-RECORD = PendingRecord("c1", "/run/containerd/runc/k8s.io", ["/sys/fs/cgroup/memory/k/c1"], 5, 9, "/usr/sbin/runc", 1.0)
+RECORD = PendingRecord(
+    "c1", "/run/containerd/runc/k8s.io", ["/sys/fs/cgroup/memory/k/c1"], 5, 9, "/usr/sbin/runc", 1.0
+)
 
 
 def test_record_round_trip(tmp_path: os.PathLike[str]) -> None:
@@ -36,7 +45,7 @@ def test_unwritable_pending_dir_raises(tmp_path: os.PathLike[str]) -> None:
     """A pending dir that is a file raises OSError for the caller to report."""
     blocker = os.path.join(tmp_path, "file")
     open(blocker, "w").close()
-    with pytest.raises(OSError):
+    with pytest.raises(FileExistsError):
         write_record(blocker, RECORD)
 
 
@@ -52,7 +61,7 @@ def test_runclog_json_line_is_what_containerd_parses(tmp_path: os.PathLike[str])
     """--log-format json: a logrus JSON line with level error and msg."""
     path = os.path.join(tmp_path, "log.json")
     assert runclog.append(path, "error", "runc-guard: busy", "json")
-    line = json.loads(open(path).read())
+    (line,) = read_jsonl(path)
     assert (line["level"], line["msg"]) == ("error", "runc-guard: busy")
     assert line["time"].endswith("Z")
 
@@ -61,5 +70,5 @@ def test_runclog_text_format_and_no_log(tmp_path: os.PathLike[str]) -> None:
     """Text format follows logrus; no --log means nothing is written."""
     path = os.path.join(tmp_path, "log")
     runclog.append(path, "error", 'say "hi"', "text")
-    assert 'level=error msg="say \\"hi\\""' in open(path).read()
+    assert 'level=error msg="say \\"hi\\""' in read_lines(path)[0]
     assert runclog.append(None, "error", "x", "json") is False

@@ -30,7 +30,9 @@ def recorder(tmp_path: os.PathLike[str]) -> str:
     return path
 
 
-def run_shim(shim: str, args: list[bytes | str], recorder: str, tmp: str, **kw: object) -> tuple[subprocess.CompletedProcess[bytes], dict]:  # type: ignore[type-arg]
+def run_shim(
+    shim: str, args: list[bytes | str], recorder: str, tmp: str, **kw: object
+) -> tuple[subprocess.CompletedProcess[bytes], dict]:  # type: ignore[type-arg]
     record = os.path.join(tmp, "record.json")
     env = {
         "PATH": os.environ["PATH"],
@@ -61,7 +63,9 @@ def run_shim(shim: str, args: list[bytes | str], recorder: str, tmp: str, **kw: 
         ["", "=", "--", "-", "a=b", "--x=", "\u00e9"],
     ],
 )
-def test_passthrough_is_exact(shim_binary: str, recorder: str, tmp_path: os.PathLike[str], args: list[str]) -> None:
+def test_passthrough_is_exact(
+    shim_binary: str, recorder: str, tmp_path: os.PathLike[str], args: list[str]
+) -> None:
     """argv after argv[0], env and stdout reach the runtime unchanged, in the same process."""
     proc, rec = run_shim(shim_binary, args, recorder, str(tmp_path))
     assert [bytes.fromhex(a).decode() for a in rec["argv"]] == args
@@ -71,15 +75,22 @@ def test_passthrough_is_exact(shim_binary: str, recorder: str, tmp_path: os.Path
     assert proc.returncode == 0
 
 
-def test_passthrough_keeps_pid_fds_and_signals(shim_binary: str, recorder: str, tmp_path: os.PathLike[str]) -> None:
+def test_passthrough_keeps_pid_fds_and_signals(
+    shim_binary: str, recorder: str, tmp_path: os.PathLike[str]
+) -> None:
     """Same pid (exec, not fork), inherited fds kept, no SIG_IGN left over from CPython."""
     r, w = os.pipe()
     os.set_inheritable(w, True)
     try:
         proc = subprocess.Popen(
-            [shim_binary, "state", "c1"], pass_fds=(w,),
-            env={"PATH": os.environ["PATH"], "RUNC_GUARD_RUNTIME": recorder,
-                 "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "none"), "RECORD_TO": os.path.join(tmp_path, "rec")},
+            [shim_binary, "state", "c1"],
+            pass_fds=(w,),
+            env={
+                "PATH": os.environ["PATH"],
+                "RUNC_GUARD_RUNTIME": recorder,
+                "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "none"),
+                "RECORD_TO": os.path.join(tmp_path, "rec"),
+            },
             stdout=subprocess.DEVNULL,
         )
         proc.wait()
@@ -97,13 +108,21 @@ def test_passthrough_keeps_pid_fds_and_signals(shim_binary: str, recorder: str, 
 
 
 @pytest.mark.parametrize("status", [1, 2, 42, 255])
-def test_exit_status_passes_through(shim_binary: str, recorder: str, tmp_path: os.PathLike[str], status: int) -> None:
+def test_exit_status_passes_through(
+    shim_binary: str, recorder: str, tmp_path: os.PathLike[str], status: int
+) -> None:
     """The runtime's exit status is the caller's exit status."""
     proc = subprocess.run(
         [shim_binary, "state", "c1"],
-        env={"PATH": os.environ["PATH"], "RUNC_GUARD_RUNTIME": recorder, "RECORD_EXIT": str(status),
-             "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "none"), "RECORD_TO": os.path.join(tmp_path, "rec")},
-        capture_output=True, check=False,
+        env={
+            "PATH": os.environ["PATH"],
+            "RUNC_GUARD_RUNTIME": recorder,
+            "RECORD_EXIT": str(status),
+            "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "none"),
+            "RECORD_TO": os.path.join(tmp_path, "rec"),
+        },
+        capture_output=True,
+        check=False,
     )
     assert proc.returncode == status
 
@@ -117,7 +136,9 @@ def test_non_utf8_argv_is_byte_identical(shim_binary: str, recorder: str, tmp_pa
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.binary(min_size=0, max_size=40).filter(lambda b: b"\0" not in b), max_size=40))
-def test_any_argv_is_passed_byte_identical(shim_binary: str, recorder: str, tmp_path: os.PathLike[str], args: list[bytes]) -> None:
+def test_any_argv_is_passed_byte_identical(
+    shim_binary: str, recorder: str, tmp_path: os.PathLike[str], args: list[bytes]
+) -> None:
     """Property: whatever argv containerd could send (minus NUL, which execve cannot carry) arrives intact."""
     if args and args[0] == b"delete":
         args = [b"state", *args]  # an interposed delete is covered by the kernel tests
@@ -134,10 +155,15 @@ def test_very_long_argv(shim_binary: str, recorder: str, tmp_path: os.PathLike[s
 
 def test_hot_path_imports_no_heavy_modules(shim_binary: str, tmp_path: os.PathLike[str]) -> None:
     """A passthrough loads none of click/structlog/psutil/tenacity/tomllib/dataclasses/re."""
-    env = {"PATH": os.environ["PATH"], "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "none"),
-           "PYTHONPROFILEIMPORTTIME": "1"}
+    env = {
+        "PATH": os.environ["PATH"],
+        "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "none"),
+        "PYTHONPROFILEIMPORTTIME": "1",
+    }
     proc = subprocess.run([shim_binary, "--version"], env=env, capture_output=True, text=True, check=True)
-    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    imported = {
+        line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")
+    }
     assert "runc_guard.shim" in imported
     assert not imported & set(HEAVY), imported & set(HEAVY)
     assert "runc version" in proc.stdout
@@ -148,10 +174,16 @@ def test_hot_path_with_warm_settings_cache(shim_binary: str, tmp_path: os.PathLi
     config = os.path.join(tmp_path, "config.toml")
     with open(config, "w") as f:
         f.write('runtime = "runc"\n')
-    env = {"PATH": os.environ["PATH"], "RUNC_GUARD_CONFIG": config,
-           "RUNC_GUARD_CACHE_DIR": os.path.join(tmp_path, "cache"), "PYTHONPROFILEIMPORTTIME": "1"}
-    runs = [subprocess.run([shim_binary, "--version"], env=env, capture_output=True, text=True, check=True)
-            for _ in range(2)]
+    env = {
+        "PATH": os.environ["PATH"],
+        "RUNC_GUARD_CONFIG": config,
+        "RUNC_GUARD_CACHE_DIR": os.path.join(tmp_path, "cache"),
+        "PYTHONPROFILEIMPORTTIME": "1",
+    }
+    runs = [
+        subprocess.run([shim_binary, "--version"], env=env, capture_output=True, text=True, check=True)
+        for _ in range(2)
+    ]
     assert "tomllib" in runs[0].stderr
     assert "tomllib" not in runs[1].stderr
 
@@ -163,16 +195,25 @@ def test_loop_to_itself_is_refused(shim_binary: str, tmp_path: os.PathLike[str])
     for runtime, path in ((shim_binary, os.environ["PATH"]), ("runc", str(tmp_path))):
         proc = subprocess.run(
             [shim_binary, "--version"],
-            env={"PATH": path, "RUNC_GUARD_RUNTIME": runtime, "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "n"),
-                 "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp_path, "nosock")},
-            capture_output=True, text=True, check=False, timeout=10,
+            env={
+                "PATH": path,
+                "RUNC_GUARD_RUNTIME": runtime,
+                "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "n"),
+                "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp_path, "nosock"),
+            },
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=10,
         )
         assert proc.returncode == 69, proc.stderr
         assert "runc-guard itself" in proc.stderr
         assert proc.stdout == ""
 
 
-def test_shadowed_runc_on_path_reaches_real_one(shim_binary: str, recorder: str, tmp_path: os.PathLike[str]) -> None:
+def test_shadowed_runc_on_path_reaches_real_one(
+    shim_binary: str, recorder: str, tmp_path: os.PathLike[str]
+) -> None:
     """runc-guard installed as `runc` early on PATH skips itself and finds the next runc."""
     first = os.path.join(tmp_path, "first")
     second = os.path.join(tmp_path, "second")
@@ -182,9 +223,13 @@ def test_shadowed_runc_on_path_reaches_real_one(shim_binary: str, recorder: str,
     os.symlink(recorder, os.path.join(second, "runc"))
     proc = subprocess.run(
         [os.path.join(first, "runc"), "list"],
-        env={"PATH": f"{first}:{second}", "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "n"),
-             "RECORD_TO": os.path.join(tmp_path, "rec")},
-        capture_output=True, check=False,
+        env={
+            "PATH": f"{first}:{second}",
+            "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "n"),
+            "RECORD_TO": os.path.join(tmp_path, "rec"),
+        },
+        capture_output=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == b"recorder-stdout\n"
@@ -198,9 +243,15 @@ def test_missing_runtime(shim_binary: str, tmp_path: os.PathLike[str], runtime: 
     """A missing runtime is exit 69 with a message naming it; nothing on stdout."""
     proc = subprocess.run(
         [shim_binary, "state", "c1"],
-        env={"PATH": "/usr/bin:/bin", "RUNC_GUARD_RUNTIME": runtime, "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "n"),
-             "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp_path, "nosock")},
-        capture_output=True, text=True, check=False,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "RUNC_GUARD_RUNTIME": runtime,
+            "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "n"),
+            "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp_path, "nosock"),
+        },
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert (proc.returncode, proc.stdout) == (69, "")
     assert needle in proc.stderr
@@ -215,24 +266,37 @@ def test_runtime_chosen_by_invoked_name(shim_binary: str, recorder: str, tmp_pat
     os.symlink(shim_binary, link)
     proc = subprocess.run(
         [link, "state", "c1"],
-        env={"PATH": os.environ["PATH"], "RUNC_GUARD_CONFIG": config, "RECORD_TO": os.path.join(tmp_path, "rec"),
-             "RUNC_GUARD_CACHE_DIR": os.path.join(tmp_path, "cache")},
-        capture_output=True, check=False,
+        env={
+            "PATH": os.environ["PATH"],
+            "RUNC_GUARD_CONFIG": config,
+            "RECORD_TO": os.path.join(tmp_path, "rec"),
+            "RUNC_GUARD_CACHE_DIR": os.path.join(tmp_path, "cache"),
+        },
+        capture_output=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == b"recorder-stdout\n"
 
 
-def test_broken_settings_file_still_passes_through(shim_binary: str, recorder: str, tmp_path: os.PathLike[str]) -> None:
+def test_broken_settings_file_still_passes_through(
+    shim_binary: str, recorder: str, tmp_path: os.PathLike[str]
+) -> None:
     """An unparseable settings file does not stop `state`: defaults are used, stdout stays clean."""
     config = os.path.join(tmp_path, "config.toml")
     with open(config, "w") as f:
         f.write("this is [not toml\n")
     proc = subprocess.run(
         [shim_binary, "state", "c1"],
-        env={"PATH": os.environ["PATH"], "RUNC_GUARD_RUNTIME": recorder, "RUNC_GUARD_CONFIG": config,
-             "RECORD_TO": os.path.join(tmp_path, "rec"), "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp_path, "n")},
-        capture_output=True, check=False,
+        env={
+            "PATH": os.environ["PATH"],
+            "RUNC_GUARD_RUNTIME": recorder,
+            "RUNC_GUARD_CONFIG": config,
+            "RECORD_TO": os.path.join(tmp_path, "rec"),
+            "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp_path, "n"),
+        },
+        capture_output=True,
+        check=False,
     )
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"recorder-stdout\n", b"")
 
@@ -244,9 +308,14 @@ def test_bad_runtime_type_is_config_error(shim_binary: str, tmp_path: os.PathLik
         f.write("runtime = 3\n")
     proc = subprocess.run(
         [shim_binary, "state", "c1"],
-        env={"PATH": os.environ["PATH"], "RUNC_GUARD_CONFIG": config,
-             "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp_path, "n")},
-        capture_output=True, text=True, check=False,
+        env={
+            "PATH": os.environ["PATH"],
+            "RUNC_GUARD_CONFIG": config,
+            "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp_path, "n"),
+        },
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 78
     assert "runtime" in proc.stderr

@@ -52,7 +52,9 @@ def test_reads_runc_state(tmp_path: os.PathLike[str]) -> None:
         ("[" * 100000 + "]" * 100000, "not valid JSON"),
     ],
 )
-def test_corrupt_state_is_reported_not_raised_raw(tmp_path: os.PathLike[str], doc: object, needle: str) -> None:
+def test_corrupt_state_is_reported_not_raised_raw(
+    tmp_path: os.PathLike[str], doc: object, needle: str
+) -> None:
     """Corrupt or tampered documents raise StateUnreadable with a clear reason."""
     write_state(str(tmp_path), doc)
     with pytest.raises(StateUnreadable, match=needle):

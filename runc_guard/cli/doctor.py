@@ -56,10 +56,14 @@ def diagnose(invoked_as: str) -> tuple[dict[str, Any], list[str]]:
 
 
 @click.command()
-@click.option("--as", "invoked_as", default="runc-guard", show_default=True,
-              help="Resolve the runtime as if the shim were invoked under this name.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True)
+@click.option(
+    "--as",
+    "invoked_as",
+    default="runc-guard",
+    show_default=True,
+    help="Resolve the runtime as if the shim were invoked under this name.",
+)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def doctor(invoked_as: str, fmt: str) -> None:
     """Show the runtime runc-guard would run and its effective settings.
 
