@@ -1,0 +1,466 @@
+"""A private, real containerd 1.6 for the end-to-end suite and ``make demo``.
+
+Isolation (never the machine's containerd, DESIGN.md §3): containerd gets its own
+``root``, ``state`` and gRPC/ttrpc sockets in a temp dir, and runs in a private
+mount namespace whose ``/run`` is a fresh tmpfs. The namespace is needed because
+containerd 1.6 hard-codes two host paths: shims put their sockets in
+``/run/containerd/s`` and ``ctr`` its fifos in ``/run/containerd/fifo``. Only
+``/run/systemd`` is bound back in, so a journald socket stays reachable. ``ctr``
+runs inside the same namespace (``nsenter -m``), and the shim, runc-guard and
+runc inherit it. With ``pure_v2`` the namespace also gets cgroup2 at
+/sys/fs/cgroup (DESIGN.md §3); its tree is the host's /sys/fs/cgroup/unified.
+
+containerd is started and stopped by its pid; shims it leaves behind are found
+as the processes in that private mount namespace, which only this lab created.
+Every task gets its own containerd namespace, so its cgroups live under
+``/<namespace>/<id>`` in every hierarchy and are removed with the namespace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from integration.lab import (
+    BUSYBOX,
+    CGROUP_ROOT,
+    FreezerHold,
+    cgroup_mount_points,
+    procs,
+    remove_tree,
+    unique,
+    wait_for,
+)
+
+CONTAINERD = shutil.which("containerd") or "/usr/bin/containerd"
+CTR = shutil.which("ctr") or "/usr/bin/ctr"
+NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
+UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
+STOCK_RUNC = shutil.which("runc") or "/usr/sbin/runc"
+CRUN = shutil.which("crun") or "/usr/bin/crun"
+SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: The shim's runc root for a containerd namespace (containerd 1.6's default).
+RUNC_ROOT = "/run/containerd/runc"
+# Plugins that would need the network, CNI or block devices: off, they only add noise.
+DISABLED_PLUGINS = [
+    "io.containerd.grpc.v1.cri",
+    "io.containerd.snapshotter.v1.btrfs",
+    "io.containerd.snapshotter.v1.zfs",
+    "io.containerd.snapshotter.v1.devmapper",
+    "io.containerd.snapshotter.v1.aufs",
+    "io.containerd.internal.v1.tracing",
+    "io.containerd.tracing.processor.v1.otlp",
+]
+
+
+def guard_binary() -> str:
+    """The runc-guard under test: the one installed next to this interpreter."""
+    return os.path.join(os.path.dirname(sys.executable), "runc-guard")
+
+
+def guard_settings(workdir: str, **overrides: str) -> dict[str, str]:
+    """RUNC_GUARD_* variables pointing every runc-guard path into ``workdir``."""
+    settings = {
+        "RUNC_GUARD_CONFIG": os.path.join(workdir, "runc-guard.toml"),
+        "RUNC_GUARD_CACHE_DIR": os.path.join(workdir, "rg-cache"),
+        "RUNC_GUARD_PENDING_DIR": os.path.join(workdir, "rg-pending"),
+        "RUNC_GUARD_LOG_FILE": os.path.join(workdir, "rg-events.jsonl"),
+        "RUNC_GUARD_STATS_FILE": os.path.join(workdir, "rg-deletes.jsonl"),
+        "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(workdir, "no-journald.socket"),
+    }
+    settings.update(overrides)
+    return settings
+
+
+def make_rootfs(directory: str) -> str:
+    """A static-busybox root filesystem for ``ctr run --rootfs``."""
+    rootfs = os.path.join(directory, "rootfs")
+    os.makedirs(os.path.join(rootfs, "bin"), exist_ok=True)
+    shutil.copy2(BUSYBOX, os.path.join(rootfs, "bin", "busybox"))
+    for applet in ("sh", "sleep", "cat", "echo", "true", "false", "ps"):
+        with contextlib.suppress(FileExistsError):
+            os.symlink("busybox", os.path.join(rootfs, "bin", applet))
+    for d in ("proc", "dev", "sys", "tmp", "etc"):
+        os.makedirs(os.path.join(rootfs, d), exist_ok=True)
+    return rootfs
+
+
+def _config(workdir: str) -> str:
+    quoted = ", ".join(json.dumps(p) for p in DISABLED_PLUGINS)
+    path = os.path.join(workdir, "containerd.toml")
+    with open(path, "w") as f:
+        f.write(
+            "version = 2\n"
+            f"root = {json.dumps(os.path.join(workdir, 'root'))}\n"
+            f"state = {json.dumps(os.path.join(workdir, 'state'))}\n"
+            f"disabled_plugins = [{quoted}]\n"
+            "[grpc]\n"
+            f"  address = {json.dumps(os.path.join(workdir, 'containerd.sock'))}\n"
+            "[ttrpc]\n"
+            f"  address = {json.dumps(os.path.join(workdir, 'containerd.sock.ttrpc'))}\n"
+            "[debug]\n"
+            '  address = ""\n'
+            '  level = "info"\n'
+        )
+    return path
+
+
+def _namespace_script(workdir: str, config: str, pure_v2: bool) -> str:
+    """Shell run by ``unshare -m``: private /run (keeping /run/systemd), then exec containerd."""
+    keep = os.path.join(workdir, "host-run-systemd")
+    os.makedirs(keep, exist_ok=True)
+    steps = [
+        "set -e",
+        f"mount --rbind /run/systemd {keep}" if os.path.isdir("/run/systemd") else "true",
+        "mount -t tmpfs -o mode=0755 rgctd-run /run",
+        "mkdir -p /run/systemd",
+        f"mount --rbind {keep} /run/systemd" if os.path.isdir("/run/systemd") else "true",
+    ]
+    if pure_v2:
+        steps += [
+            "umount -l /sys/fs/cgroup",
+            "mount -t cgroup2 none /sys/fs/cgroup",
+        ]
+    steps.append(f"exec {CONTAINERD} --config {config}")
+    return "; ".join(steps)
+
+
+def _mount_ns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
+
+
+def _pids_in_mount_ns(ns: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and _mount_ns(int(name)) == ns and int(name) != os.getpid():
+            found.append(int(name))
+    return found
+
+
+@dataclass
+class Containerd:
+    """A running private containerd; use :func:`running_containerd` to get one."""
+
+    workdir: str
+    pid: int
+    mount_ns: str
+    pure_v2: bool
+    env: dict[str, str]
+    rootfs: str
+    log_path: str
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def address(self) -> str:
+        return os.path.join(self.workdir, "containerd.sock")
+
+    @property
+    def state_dir(self) -> str:
+        return os.path.join(self.workdir, "state")
+
+    def bundle(self, namespace: str, task_id: str) -> str:
+        return os.path.join(self.state_dir, "io.containerd.runtime.v2.task", namespace, task_id)
+
+    def inside(self, path: str) -> str:
+        """``path`` as containerd's mount namespace sees it (e.g. /run/containerd/...)."""
+        return f"/proc/{self.pid}/root{path}"
+
+    def ctr(
+        self, namespace: str, *args: str, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``ctr`` against this containerd, inside its mount namespace."""
+        argv = [NSENTER, "-t", str(self.pid), "-m", "--", CTR, "-a", self.address,
+                "-n", namespace, *args]
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, check=False,
+            stdin=subprocess.DEVNULL,
+        )
+        if check and proc.returncode != 0:
+            raise RuntimeError(
+                f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}"
+            )
+        return proc
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def log_lines_for(self, task_id: str) -> list[str]:
+        """containerd's log lines that name ``task_id`` (``id=`` or in a path)."""
+        return [line for line in self.log().splitlines() if task_id in line]
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM by pid, then SIGKILL; then every process left in its mount namespace."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        # Shims outlive containerd by design (they are re-parented); they are ours.
+        for pid in _pids_in_mount_ns(self.mount_ns):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not _pids_in_mount_ns(self.mount_ns), 10)
+
+
+@contextlib.contextmanager
+def running_containerd(
+    workdir: str, settings: dict[str, str], pure_v2: bool = False
+) -> Iterator[Containerd]:
+    """Start a private containerd with ``settings`` in its environment; always stop it."""
+    os.makedirs(workdir, exist_ok=True)
+    config = _config(workdir)
+    env = dict(os.environ)
+    env["PATH"] = SBIN_PATH
+    env.update(settings)
+    log_path = os.path.join(workdir, "containerd.log")
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [UNSHARE, "-m", "--propagation", "private", "sh", "-c",
+             _namespace_script(workdir, config, pure_v2)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+        )
+    lab = Containerd(
+        workdir, proc.pid, "", pure_v2, env, make_rootfs(workdir), log_path, proc
+    )
+    try:
+        ready = wait_for(
+            lambda: proc.poll() is not None
+            or (os.path.exists(lab.address) and lab.ctr("default", "version", check=False)
+                .returncode == 0),
+            20, 0.05,
+        )
+        if proc.poll() is not None or not ready:
+            raise RuntimeError(f"containerd did not start:\n{lab.log()[-3000:]}")
+        lab.mount_ns = _mount_ns(proc.pid) or ""
+        if lab.mount_ns == _mount_ns(os.getpid()):
+            raise RuntimeError("containerd is not in a private mount namespace")
+        yield lab
+    finally:
+        if not lab.mount_ns:
+            lab.mount_ns = _mount_ns(proc.pid) or "unknown"
+        lab.stop()
+
+
+def sleepers_command(children: int) -> list[str]:
+    """Init forks ``children`` sleepers and waits: several processes per task."""
+    return ["/bin/sh", "-c", " ".join(["sleep 1000 &"] * children) + " wait"]
+
+
+@dataclass
+class Task:
+    """A host-PID task started with ``ctr run -d --rootfs --runc-binary``."""
+
+    lab: Containerd
+    namespace: str
+    id: str
+    binary: str
+
+    @property
+    def cgroup_relative(self) -> str:
+        # ctr's default spec puts a task at cgroupsPath /<namespace>/<id>.
+        return f"/{self.namespace}/{self.id}"
+
+    @property
+    def bundle(self) -> str:
+        return self.lab.bundle(self.namespace, self.id)
+
+    def cgroup_dirs(self) -> list[str]:
+        """Every directory of this task's cgroup (and below) in every hierarchy, host view."""
+        from integration.lab import dirs_named
+
+        return dirs_named(self.cgroup_relative)
+
+    def main_cgroup(self) -> str:
+        """A hierarchy that holds every process of the task (memory, or the v2 tree)."""
+        roots = (f"{CGROUP_ROOT}/unified",) if self.lab.pure_v2 else (
+            f"{CGROUP_ROOT}/memory", f"{CGROUP_ROOT}/unified")
+        for root in roots:
+            path = root + self.cgroup_relative
+            if os.path.isdir(path):
+                return path
+        raise FileNotFoundError(self.cgroup_relative)
+
+    def pids(self) -> list[int]:
+        try:
+            return procs(self.main_cgroup())
+        except FileNotFoundError:
+            return []
+
+    def init_pid(self) -> int:
+        for line in self.lab.ctr(self.namespace, "task", "ls").stdout.splitlines()[1:]:
+            cols = line.split()
+            if cols and cols[0] == self.id:
+                return int(cols[1])
+        raise LookupError(f"task {self.id} is not listed")
+
+    def status(self) -> str | None:
+        for line in self.lab.ctr(self.namespace, "task", "ls").stdout.splitlines()[1:]:
+            cols = line.split()
+            if cols and cols[0] == self.id:
+                return cols[2]
+        return None
+
+    def shim_pid(self, init: int | None = None) -> int:
+        """The task's shim: init's parent (the shim is its subreaper), checked by cmdline."""
+        init = init if init is not None else self.init_pid()
+        with open(f"/proc/{init}/stat") as f:
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{ppid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        if b"-id" not in argv or argv[argv.index(b"-id") + 1].decode() != self.id:
+            raise LookupError(f"parent {ppid} of init {init} is not the shim of {self.id}")
+        return ppid
+
+    def children(self) -> list[int]:
+        init = self.init_pid()
+        return [p for p in self.pids() if p != init]
+
+    def gone(self) -> bool:
+        """containerd is done with the task: its bundle is deleted."""
+        return not os.path.exists(self.bundle)
+
+
+def run_task(
+    lab: Containerd, namespace: str, binary: str, children: int = 3, prefix: str = "rgctd"
+) -> Task:
+    """Start a detached host-PID task through ``binary``; wait for all its processes."""
+    task = Task(lab, namespace, unique(prefix), binary)
+    lab.ctr(
+        namespace, "run", "-d", "--null-io", "--rootfs", "--runc-binary", binary,
+        "--with-ns", f"pid:/proc/{lab.pid}/ns/pid", lab.rootfs, task.id,
+        *sleepers_command(children),
+    )
+    if not wait_for(lambda: len(task.pids()) >= children + 1, 10):
+        raise RuntimeError(f"task {task.id} did not start {children} children: {task.pids()}")
+    return task
+
+
+def kill_cgroup_procs(relative: str) -> None:
+    """SIGKILL every process in ``/<relative>`` (and below) in every hierarchy."""
+    from integration.lab import dirs_named
+
+    for d in dirs_named(relative):
+        for pid in procs(d):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def remove_namespace(lab: Containerd, namespace: str) -> None:
+    """Remove every task, container and cgroup of a containerd namespace, whatever state."""
+    from integration.lab import dirs_named
+
+    kill_cgroup_procs(namespace)
+    if lab.alive():
+        for _ in range(3):
+            ids = [
+                line.split()[0]
+                for line in lab.ctr(namespace, "task", "ls", check=False).stdout.splitlines()[1:]
+                if line.strip()
+            ]
+            for tid in ids:
+                lab.ctr(namespace, "task", "kill", "-a", "-s", "KILL", tid, check=False)
+                lab.ctr(namespace, "task", "delete", "-f", tid, check=False)
+            containers = lab.ctr(namespace, "container", "ls", "-q", check=False).stdout.split()
+            for cid in containers:
+                lab.ctr(namespace, "container", "rm", cid, check=False)
+            if not ids and not containers:
+                break
+        lab.ctr("default", "namespace", "rm", namespace, check=False)
+    kill_cgroup_procs(namespace)
+    wait_for(lambda: not any(procs(d) for d in dirs_named(namespace)), 10)
+    for mount in cgroup_mount_points():
+        remove_tree(os.path.join(mount, namespace))
+
+
+@contextlib.contextmanager
+def namespace(lab: Containerd, prefix: str = "rgctd") -> Iterator[str]:
+    """A unique containerd namespace, removed with all it holds even on failure."""
+    ns = unique(prefix)
+    try:
+        yield ns
+    finally:
+        remove_namespace(lab, ns)
+
+
+@dataclass
+class CrashResult:
+    """What one Path B crash left behind."""
+
+    task_id: str
+    delay: float
+    left: list[str]
+    cleanup_s: float
+    bundle_gone: bool
+
+
+def path_b_crash(
+    lab: Containerd, ns: str, binary: str, delay: float, children: int = 3, held: int = 2,
+    settle: float = 15.0,
+) -> CrashResult:
+    """The incident's path: children frozen, init and shim SIGKILLed, released after ``delay``.
+
+    containerd notices the dead shim and runs ``<binary> delete --force`` through
+    ``containerd-shim-runc-v2 delete``; the held children die ``delay`` seconds
+    after the shim. Waits until containerd deleted the bundle, then reports the
+    cgroup directories left. The task's container record is removed; leftover
+    cgroups are left for the caller to count and remove.
+    """
+    task = run_task(lab, ns, binary, children)
+    hold = FreezerHold.create()
+    try:
+        hold.hold(task.children()[:held])
+        init = task.init_pid()
+        shim = task.shim_pid(init)
+        os.kill(init, signal.SIGKILL)
+        wait_for(lambda: init not in task.pids(), 5)
+        os.kill(shim, signal.SIGKILL)
+        killed = time.monotonic()
+        time.sleep(max(0.0, killed + delay - time.monotonic()))
+        hold.release()
+        wait_for(task.gone, settle, 0.02)
+        cleanup_s = time.monotonic() - killed
+        # Processes gone: the kernel finished the teardown, so what is left stays.
+        wait_for(lambda: not task.pids(), 5)
+        left = task.cgroup_dirs()
+        bundle_gone = task.gone()
+    finally:
+        hold.destroy()
+    lab.ctr(ns, "container", "rm", task.id, check=False)
+    return CrashResult(task.id, delay, left, cleanup_s, bundle_gone)
+
+
+def remove_dirs(paths: list[str]) -> None:
+    for path in sorted(paths, key=lambda p: -p.count("/")):
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(path)
+
+
+def pending_records(settings: dict[str, str]) -> list[str]:
+    directory = settings["RUNC_GUARD_PENDING_DIR"]
+    return sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+
+
+def delete_stats(settings: dict[str, str]) -> list[dict[str, object]]:
+    """runc-guard's per-delete stats lines (outcome, waited_ms, removed ...)."""
+    path = settings["RUNC_GUARD_STATS_FILE"]
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,163 @@
+"""``make demo``: the incident's leak with stock runc, and none with runc-guard, in a minute.
+
+Starts a private containerd (and a private journald when the machine has one),
+then runs the same short crash storm twice: host-PID tasks whose init and shim
+are SIGKILLed while some children take 0.3-3 s to die (Path B, DESIGN.md §1),
+first through stock runc, then through runc-guard. Prints what each left behind
+and runc-guard's journal entries for one container, then removes everything it
+created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+from integration import containerd_lab as cl
+from integration.journald import Journald, private_journald
+from integration.journald import available as journald_available
+from integration.lab import FREEZER
+
+
+@dataclass
+class StormResult:
+    runtime: str
+    cycles: int = 0
+    leaked_dirs: int = 0
+    leaking_containers: int = 0
+    waited_ms: list[int] = field(default_factory=list)
+    cleanup_s: list[float] = field(default_factory=list)
+    task_ids: list[str] = field(default_factory=list)
+
+
+def storm(
+    lab: cl.Containerd, ns: str, binary: str, label: str, delays: list[float], quiet: bool = False
+) -> StormResult:
+    """Path B crash cycles through ``binary``; leftovers are counted, then removed."""
+    result = StormResult(label)
+    for i, delay in enumerate(delays, 1):
+        crash = cl.path_b_crash(lab, ns, binary, delay)
+        result.cycles += 1
+        result.leaked_dirs += len(crash.left)
+        result.leaking_containers += bool(crash.left)
+        result.cleanup_s.append(crash.cleanup_s)
+        result.task_ids.append(crash.task_id)
+        cl.remove_dirs(crash.left)
+        if not quiet:
+            print(
+                f"  {label:<11} cycle {i:>2}/{len(delays)}: children die {delay:.1f} s after the"
+                f" shim; {len(crash.left)} cgroup dirs left",
+                flush=True,
+            )
+    return result
+
+
+def _ms(values: list[int]) -> str:
+    return f"{int(statistics.median(values))} ms" if values else "-"
+
+
+def table(results: list[StormResult]) -> str:
+    header = ("runtime", "cycles", "cgroup dirs leaked", "containers leaking", "wait p50",
+              "wait max")
+    rows = [header]
+    for r in results:
+        rows.append((
+            r.runtime, str(r.cycles), str(r.leaked_dirs), str(r.leaking_containers),
+            _ms(r.waited_ms), f"{max(r.waited_ms)} ms" if r.waited_ms else "- (no wait)",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def journal_lines(journald_namespace: str, container_id: str) -> str:
+    """The container's entries as ``journalctl`` prints them, then the canonical entry's fields."""
+    short = subprocess.run(
+        ["journalctl", f"--namespace={journald_namespace}", "--no-pager", "-o", "short-iso",
+         f"CONTAINER_ID={container_id}"],
+        capture_output=True, text=True, check=False, timeout=30,
+    ).stdout
+    out = subprocess.run(
+        ["journalctl", f"--namespace={journald_namespace}", "--no-pager", "-o", "verbose",
+         f"CONTAINER_ID={container_id}"],
+        capture_output=True, text=True, check=False, timeout=30,
+    ).stdout
+    keep = ("OUTCOME=", "WAITED_MS=", "REMOVED=", "EXIT_STATUS=", "FORCE=", "TOTAL_MS=",
+            "STRAGGLERS_KILLED=", "PRIORITY=")
+    lines = [line.strip() for line in out.splitlines()]
+    picked = [line for line in lines if line.startswith(keep)]
+    shown = [line for line in short.splitlines() if not line.startswith("--")]
+    return "\n".join("    " + line for line in [*shown, *("  " + p for p in picked)])
+
+
+def run(cycles: int, seed: int) -> int:
+    if os.geteuid() != 0:
+        print("make demo needs root (cgroups, containerd)", file=sys.stderr)
+        return 1
+    if not os.path.isdir(FREEZER):
+        print(f"make demo needs the cgroup v1 freezer at {FREEZER}", file=sys.stderr)
+        return 1
+    binary = cl.guard_binary()
+    rng = random.Random(seed)
+    delays = [round(rng.uniform(0.3, 3.0), 2) for _ in range(cycles)]
+    with tempfile.TemporaryDirectory(prefix="rgctd-demo-") as workdir, \
+            _maybe_journald() as jd:
+        extra = {"RUNC_GUARD_JOURNAL_SOCKET": jd.socket} if jd is not None else {}
+        settings = cl.guard_settings(workdir, **extra)
+        print(f"private containerd in {workdir}; journald: "
+              f"{'namespace ' + jd.namespace if jd else 'not available (JSON lines file)'}")
+        print(f"{cycles} Path B crash cycles per runtime (init and shim SIGKILLed, "
+              f"2 of 3 children dying 0.3-3 s later)\n", flush=True)
+        with cl.running_containerd(workdir, settings) as lab, cl.namespace(lab, "rgctd-demo") as ns:
+            stock = storm(lab, ns, cl.STOCK_RUNC, "runc 1.1.5", delays)
+            before = len(cl.delete_stats(settings))
+            guard = storm(lab, ns, binary, "runc-guard", delays)
+            stats = cl.delete_stats(settings)[before:]
+            guard.waited_ms = [int(str(s["waited_ms"])) for s in stats]
+            outcomes = sorted({str(s["outcome"]) for s in stats})
+            print("\n" + table([stock, guard]))
+            print(f"\nrunc-guard outcomes: {', '.join(outcomes)}; pending records left: "
+                  f"{len(cl.pending_records(settings))}")
+            one = stock.task_ids[-1]
+            print(f"\ncontainerd's log for stock-runc container {one} (all there is):")
+            for line in lab.log_lines_for(one):
+                if "shim disconnected" in line or "level=error" in line or "failed" in line:
+                    print("    " + line)
+            one = guard.task_ids[-1]
+            if jd is not None:
+                print(f"\njournalctl --namespace={jd.namespace} CONTAINER_ID={one}:")
+                print(journal_lines(jd.namespace, one))
+            else:
+                print(f"\nrunc-guard's entry for {one} ({settings['RUNC_GUARD_LOG_FILE']}):")
+                with open(settings["RUNC_GUARD_LOG_FILE"]) as f:
+                    print("".join("    " + line for line in f if one in line))
+    leaked = guard.leaked_dirs
+    print("\ncleaned up: containerd, journald, tasks, cgroups and temp files removed")
+    return 0 if leaked == 0 and stock.leaked_dirs > 0 else 1
+
+
+def _maybe_journald() -> contextlib.AbstractContextManager[Journald | None]:
+    """A private journald if this machine has one; otherwise entries go to the JSON-lines file."""
+    if not journald_available():
+        return contextlib.nullcontext()
+    return private_journald("rgctd-demo")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--cycles", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=2026)
+    args = parser.parse_args()
+    return run(args.cycles, args.seed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
