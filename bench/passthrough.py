@@ -1,0 +1,78 @@
+"""Passthrough cost: ``runc-guard <cmd>`` vs ``runc <cmd>`` vs a bare ``python -c pass``.
+
+Target (issue 2/6): (runc-guard - runc) / bare interpreter <= 1.3 for every
+command, goal 1.1. Run as root: ``python -m bench.passthrough [--rounds N]``.
+Extra shim binaries (the .deb's /usr/bin/runc-guard, the single-file build) are
+measured too when they exist, each against the interpreter that runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+
+from bench.common import interleaved, median_ms, print_table
+from integration.lab import RuncContainer
+
+COMMANDS = {
+    "--version": lambda c: ["--version"],
+    "state": lambda c: ["--root", c.root, "state", c.id],
+    "list": lambda c: ["--root", c.root, "list"],
+    "ps": lambda c: ["--root", c.root, "ps", c.id],
+    "exec": lambda c: ["--root", c.root, "exec", c.id, "true"],
+}
+
+
+def shims() -> dict[str, tuple[str, str]]:
+    """name -> (shim binary, interpreter that runs it)."""
+    found = {"venv": (os.path.join(os.path.dirname(sys.executable), "runc-guard"), sys.executable)}
+    if os.path.exists("/usr/bin/runc-guard"):
+        found["deb"] = ("/usr/bin/runc-guard", "/usr/bin/python3")
+    for pyz in ("dist/runc-guard.pyz", "dist/runc-guard"):
+        if os.path.isfile(pyz) and not os.path.isdir(pyz):
+            found["single-file"] = (os.path.abspath(pyz), "/usr/bin/python3")
+            break
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--commands", default=",".join(COMMANDS))
+    args = parser.parse_args()
+    runc = shutil.which("runc") or "/usr/sbin/runc"
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="rgbench-") as workdir:
+        env = dict(os.environ, RUNC_GUARD_CACHE_DIR=os.path.join(workdir, "cache"),
+                   RUNC_GUARD_CONFIG=os.path.join(workdir, "config.toml"))
+        with open(env["RUNC_GUARD_CONFIG"], "w") as f:
+            f.write('runtime = "runc"\n')  # a real settings file: the cache path is measured
+        ctr = RuncContainer.start(workdir, children=1)
+        try:
+            for name in args.commands.split(","):
+                tail = COMMANDS[name](ctr)
+                for shim_name, (shim, python) in shims().items():
+                    samples = interleaved(
+                        {"bare": [python, "-c", "pass"], "runc": [runc, *tail], "guard": [shim, *tail]},
+                        args.rounds, env,
+                    )
+                    bare, plain, guard = (median_ms(samples[k]) for k in ("bare", "runc", "guard"))
+                    rows.append((name, shim_name, bare, plain, guard, guard - plain,
+                                 (guard - plain) / bare))
+        finally:
+            ctr.destroy()
+    print_table(
+        f"Passthrough: medians of {args.rounds} interleaved rounds (ms)",
+        ["command", "shim", "bare python", "runc", "runc-guard", "overhead", "overhead / bare"],
+        rows,
+    )
+    worst = max(r[-1] for r in rows)
+    print(f"\nworst overhead/bare = {worst:.2f} (target <= 1.3, goal 1.1)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
