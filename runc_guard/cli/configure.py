@@ -145,8 +145,11 @@ def config_set(host: Host, main: str) -> list[ConfigFile]:
         if text is None:
             return
         for written in imports(parse(text, path), path):
-            # containerd resolves a relative import against the importing file's directory.
-            pattern = os.path.join(os.path.dirname(path), written)
+            # containerd's resolveImports: a glob is expanded as written (relative to
+            # its cwd, / for the service); a plain relative path is taken against the
+            # importing file's directory.
+            base = "/" if "*" in written else os.path.dirname(path)
+            pattern = os.path.join(base, written)
             matches = sorted(glob.glob(host.path(pattern)))
             for match in matches:
                 relative = os.path.relpath(match, host.root) if host.root != "/" else match
