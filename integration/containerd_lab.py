@@ -7,8 +7,8 @@ containerd 1.6 hard-codes two host paths: shims put their sockets in
 ``/run/containerd/s`` and ``ctr`` its fifos in ``/run/containerd/fifo``. Only
 ``/run/systemd`` is bound back in, so a journald socket stays reachable. ``ctr``
 runs inside the same namespace (``nsenter -m``), and the shim, runc-guard and
-runc inherit it. With ``pure_v2`` the namespace also gets cgroup2 at
-/sys/fs/cgroup (DESIGN.md §3); its tree is the host's /sys/fs/cgroup/unified.
+runc inherit it. The namespace can also get another cgroup layout (see
+``HYBRID``, ``LEGACY``, ``UNIFIED``); the host sees the same cgroups.
 
 containerd is started and stopped by its pid; shims it leaves behind are found
 as the processes in that private mount namespace, which only this lab created.
@@ -49,6 +49,10 @@ CRUN = shutil.which("crun") or "/usr/bin/crun"
 SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: The shim's runc root for a containerd namespace (containerd 1.6's default).
 RUNC_ROOT = "/run/containerd/runc"
+#: cgroup layouts containerd's namespace can have: the host's v1 + v2 mix, v1 only
+#: (crun 1.8 refuses a hybrid host whose v2 tree has a controller, e.g. hugetlb),
+#: and pure v2 (DESIGN.md §3; its tree is the host's /sys/fs/cgroup/unified).
+HYBRID, LEGACY, UNIFIED = "hybrid", "legacy", "unified"
 # Plugins that would need the network, CNI or block devices: off, they only add noise.
 DISABLED_PLUGINS = [
     "io.containerd.grpc.v1.cri",
@@ -113,7 +117,7 @@ def _config(workdir: str) -> str:
     return path
 
 
-def _namespace_script(workdir: str, config: str, pure_v2: bool) -> str:
+def _namespace_script(workdir: str, config: str, layout: str) -> str:
     """Shell run by ``unshare -m``: private /run (keeping /run/systemd), then exec containerd."""
     keep = os.path.join(workdir, "host-run-systemd")
     os.makedirs(keep, exist_ok=True)
@@ -124,7 +128,9 @@ def _namespace_script(workdir: str, config: str, pure_v2: bool) -> str:
         "mkdir -p /run/systemd",
         f"mount --rbind {keep} /run/systemd" if os.path.isdir("/run/systemd") else "true",
     ]
-    if pure_v2:
+    if layout == LEGACY and os.path.ismount(f"{CGROUP_ROOT}/unified"):
+        steps.append(f"umount {CGROUP_ROOT}/unified")
+    if layout == UNIFIED:
         steps += [
             "umount -l /sys/fs/cgroup",
             "mount -t cgroup2 none /sys/fs/cgroup",
@@ -155,7 +161,7 @@ class Containerd:
     workdir: str
     pid: int
     mount_ns: str
-    pure_v2: bool
+    layout: str
     env: dict[str, str]
     rootfs: str
     log_path: str
@@ -221,7 +227,7 @@ class Containerd:
 
 @contextlib.contextmanager
 def running_containerd(
-    workdir: str, settings: dict[str, str], pure_v2: bool = False
+    workdir: str, settings: dict[str, str], layout: str = HYBRID
 ) -> Iterator[Containerd]:
     """Start a private containerd with ``settings`` in its environment; always stop it."""
     os.makedirs(workdir, exist_ok=True)
@@ -233,11 +239,11 @@ def running_containerd(
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [UNSHARE, "-m", "--propagation", "private", "sh", "-c",
-             _namespace_script(workdir, config, pure_v2)],
+             _namespace_script(workdir, config, layout)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
         )
     lab = Containerd(
-        workdir, proc.pid, "", pure_v2, env, make_rootfs(workdir), log_path, proc
+        workdir, proc.pid, "", layout, env, make_rootfs(workdir), log_path, proc
     )
     try:
         ready = wait_for(
@@ -289,7 +295,7 @@ class Task:
 
     def main_cgroup(self) -> str:
         """A hierarchy that holds every process of the task (memory, or the v2 tree)."""
-        roots = (f"{CGROUP_ROOT}/unified",) if self.lab.pure_v2 else (
+        roots = (f"{CGROUP_ROOT}/unified",) if self.lab.layout == UNIFIED else (
             f"{CGROUP_ROOT}/memory", f"{CGROUP_ROOT}/unified")
         for root in roots:
             path = root + self.cgroup_relative
@@ -464,3 +470,108 @@ def delete_stats(settings: dict[str, str]) -> list[dict[str, object]]:
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+#: Names runc-guard is invoked as (symlinks) to front another runtime via [runtimes].
+WRAPPER_ALIAS = "rgctd-nvidia-guard"
+CRUN_ALIAS = "rgctd-crun-guard"
+
+
+def write_wrapper(directory: str, runtime: str = STOCK_RUNC) -> str:
+    """A stand-in for nvidia-container-runtime: note the call, then exec the runtime.
+
+    nvidia-container-runtime adds its hooks to ``create`` and then ``execve``s
+    runc with the same argv; for what runc-guard sees that is all it does. The
+    call log proves the wrapper was really in the chain.
+    """
+    path = os.path.join(directory, "stand-in-wrapper")
+    calls = os.path.join(directory, "wrapper-calls.log")
+    with open(path, "w") as f:
+        f.write(f'#!/bin/sh\necho "$*" >> {calls}\nexec {runtime} "$@"\n')
+    os.chmod(path, 0o755)
+    return path
+
+
+def wrapper_calls(directory: str) -> list[str]:
+    path = os.path.join(directory, "wrapper-calls.log")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return f.read().splitlines()
+
+
+@dataclass
+class GuardedLab:
+    """A private containerd set up for runc-guard: settings, aliases and a stand-in wrapper."""
+
+    containerd: Containerd
+    settings: dict[str, str]
+    workdir: str
+
+    def alias(self, name: str) -> str:
+        return os.path.join(self.workdir, "bin", name)
+
+
+@contextlib.contextmanager
+def guarded_containerd(
+    workdir: str, layout: str = HYBRID, journal_socket: str | None = None, **overrides: str
+) -> Iterator[GuardedLab]:
+    """containerd whose environment carries runc-guard's settings (the shim inherits them).
+
+    The settings file maps the aliases in ``<workdir>/bin`` to the stand-in
+    wrapper and to crun, so one containerd serves every front-end combination.
+    """
+    os.makedirs(os.path.join(workdir, "bin"), exist_ok=True)
+    extra = dict(overrides)
+    if journal_socket is not None:
+        extra["RUNC_GUARD_JOURNAL_SOCKET"] = journal_socket
+    settings = guard_settings(workdir, **extra)
+    wrapper = write_wrapper(workdir)
+    with open(settings["RUNC_GUARD_CONFIG"], "w") as f:
+        f.write(f"[runtimes]\n{WRAPPER_ALIAS} = {json.dumps(wrapper)}\n"
+                f"{CRUN_ALIAS} = {json.dumps(CRUN)}\n")
+    for alias in (WRAPPER_ALIAS, CRUN_ALIAS):
+        with contextlib.suppress(FileExistsError):
+            os.symlink(guard_binary(), os.path.join(workdir, "bin", alias))
+    with running_containerd(workdir, settings, layout) as lab:
+        yield GuardedLab(lab, settings, workdir)
+
+
+@dataclass
+class PathAResult:
+    task: Task
+    delete: subprocess.CompletedProcess[str]
+    hold: FreezerHold
+
+
+@contextlib.contextmanager
+def path_a(
+    lab: Containerd, ns: str, binary: str, release_after: float | None, children: int = 3,
+    held: int = 2,
+) -> Iterator[PathAResult]:
+    """The normal path: ``ctr task kill -s KILL``, then ``ctr task delete`` while children hang.
+
+    The held children are released ``release_after`` seconds after the delete
+    began (never, if None: the caller decides). The hold is destroyed on exit.
+    """
+    import threading
+
+    task = run_task(lab, ns, binary, children)
+    hold = FreezerHold.create()
+    timer: threading.Timer | None = None
+    try:
+        hold.hold(task.children()[:held])
+        lab.ctr(ns, "task", "kill", "-s", "KILL", task.id)
+        if not wait_for(lambda: task.status() == "STOPPED", 10, 0.05):
+            raise RuntimeError(f"task {task.id} did not stop: {task.status()}")
+        if release_after is not None:
+            timer = threading.Timer(release_after, hold.release)
+            timer.start()
+        delete = lab.ctr(ns, "task", "delete", task.id, check=False)
+        if timer is not None:
+            timer.join()
+        yield PathAResult(task, delete, hold)
+    finally:
+        if timer is not None:
+            timer.cancel()
+        hold.destroy()
