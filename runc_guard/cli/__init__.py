@@ -12,8 +12,11 @@ import sys
 import click
 
 from runc_guard import __version__
+from runc_guard.cli.audit import audit_cmd
 from runc_guard.cli.configure import configure
 from runc_guard.cli.doctor import doctor
+from runc_guard.cli.metrics import metrics_cmd
+from runc_guard.cli.sweep import sweep
 from runc_guard.errors import RuncGuardError
 
 
@@ -31,6 +34,9 @@ def cli() -> None:
 
 cli.add_command(doctor)
 cli.add_command(configure)
+cli.add_command(sweep)
+cli.add_command(audit_cmd)
+cli.add_command(metrics_cmd)
 
 
 def main() -> None:

@@ -1,0 +1,188 @@
+"""``runc-guardctl sweep``: remove leaked container cgroups, gently, in batches."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from runc_guard.cgroupfs import RealCgroupFs, cgroup_mounts
+from runc_guard.config import Settings, load_settings
+from runc_guard.discovery import DEFAULT_KUBEPODS, Discovery, check_kubepods_name, discover
+from runc_guard.sweep import (
+    DEFAULT_BATCH,
+    DEFAULT_BUNDLE_ROOT,
+    DEFAULT_MAX_SLOWDOWN,
+    DEFAULT_MAX_SYS_PERCENT,
+    DEFAULT_MIN_AGE,
+    DEFAULT_PAUSE,
+    DEFAULT_RUNTIME_ROOT,
+    RuntimeDirs,
+    Sweeper,
+    SweepOptions,
+    SweepReport,
+    sweep_lock,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _kubepods(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    try:
+        return tuple(check_kubepods_name(v) for v in value) or DEFAULT_KUBEPODS
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def scan_options(func: F) -> F:
+    """Where to look: shared by sweep, audit and metrics so they always agree on "leaked"."""
+    options = [
+        click.option("--cgroup-root", default="/sys/fs/cgroup", show_default=True,
+                     type=click.Path(file_okay=False),
+                     help="Look at every cgroup hierarchy mounted at or below this directory."),
+        click.option("--kubepods", "kubepods", multiple=True, callback=_kubepods,
+                     metavar="NAME",
+                     help="Top-level pod tree inside each hierarchy, relative; repeatable. "
+                          "[default: kubepods and kubepods.slice]"),
+        click.option("--runtime-root", default=DEFAULT_RUNTIME_ROOT, show_default=True,
+                     type=click.Path(file_okay=False),
+                     help="runc's state root holding <namespace>/<id>: a container with state is kept."),
+        click.option("--bundle-root", default=DEFAULT_BUNDLE_ROOT, show_default=True,
+                     type=click.Path(file_okay=False),
+                     help="containerd's task bundles <namespace>/<id>: a container with a bundle is kept."),
+        click.option("--min-age", default=DEFAULT_MIN_AGE, show_default=True,
+                     type=click.FloatRange(min=0), metavar="SECONDS",
+                     help="Keep cgroups younger than this (a container being created has its "
+                          "cgroup before its runtime state)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def scan(
+    settings: Settings, cgroup_root: str, kubepods: tuple[str, ...], fs: RealCgroupFs
+) -> Discovery:
+    """Find every container unit below the kubepods trees plus the shim's pending records."""
+    return discover(cgroup_root, kubepods, settings.pending_dir, fs, cgroup_mounts())
+
+
+def _print_text(report: SweepReport) -> None:
+    for entry in report.containers:
+        if entry["action"] == "would_remove":
+            click.echo(f"would remove {entry['id']}  ({entry['dirs']} dirs, {entry['pod']})")
+    verb = "would remove" if report.dry_run else "removed"
+    done = report.candidates if report.dry_run else report.removed
+    dirs = "" if report.dry_run else f" ({report.dirs_removed} dirs)"
+    kept = ", ".join(f"{reason} {n}" for reason, n in sorted(report.kept.items())) or "none"
+    click.echo(
+        f"found {report.found} container cgroup(s) in {len(report.hierarchies)} hierarchies; "
+        f"{verb} {done}{dirs}; kept: {kept}; gone meanwhile {report.gone}; "
+        f"pending records cleared {report.records_cleared}"
+    )
+    if not report.dry_run:
+        click.echo(
+            f"{len(report.batches)} batch(es), slowed down {report.slowed:g}s for high sys%, "
+            f"took {report.duration:g}s"
+        )
+    for error in report.errors:
+        click.echo(f"ERROR: {error}", err=True)
+
+
+def _progress(enabled: bool) -> Callable[[int, int], None] | None:
+    """A one-line counter on a terminal, updated a few times a second at most."""
+    if not enabled:
+        return None
+    last = [0.0]
+
+    def show(done: int, total: int) -> None:
+        now = time.monotonic()
+        if done == total or now - last[0] >= 0.2:
+            last[0] = now
+            end = "\n" if done == total else ""
+            click.echo(f"\rremoving: {done}/{total} containers", nl=False, err=True)
+            if end:
+                click.echo("", err=True)
+
+    return show
+
+
+@click.command()
+@scan_options
+@click.option("--batch", default=DEFAULT_BATCH, show_default=True, type=click.IntRange(min=1),
+              metavar="DIRS", help="Remove about this many cgroup directories, then pause "
+                                   "(whole containers only; every rmdir takes cgroup_mutex).")
+@click.option("--pause", default=DEFAULT_PAUSE, show_default=True, type=click.FloatRange(min=0),
+              metavar="SECONDS", help="Sleep between batches so the kernel can finish tearing down.")
+@click.option("--max-sys-percent", default=DEFAULT_MAX_SYS_PERCENT, show_default=True,
+              type=click.FloatRange(min=0, max=100), metavar="PERCENT",
+              help="While the node's system CPU time (from /proc/stat) is above this, wait longer "
+                   "between batches.")
+@click.option("--max-slowdown", default=DEFAULT_MAX_SLOWDOWN, show_default=True,
+              type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Longest extra wait between two batches while sys% stays high.")
+@click.option("--dry-run", is_flag=True, help="Remove nothing; list what would be removed.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="json: the full report, with per-batch timings.")
+def sweep(
+    cgroup_root: str,
+    kubepods: tuple[str, ...],
+    runtime_root: str,
+    bundle_root: str,
+    min_age: float,
+    batch: int,
+    pause: float,
+    max_sys_percent: float,
+    max_slowdown: float,
+    dry_run: bool,
+    fmt: str,
+) -> None:
+    """Remove container cgroups that leaked under kubepods, in every hierarchy.
+
+    A container (one cgroup per hierarchy, named <64-hex id> or
+    cri-containerd-/docker-/crio-<id>.scope) is removed only if, checked again
+    right before its removal, every directory of it and every child is empty in
+    every hierarchy, runc has no state for it, containerd has no bundle for it,
+    and every directory is older than --min-age. Pod- and QoS-level cgroups are
+    never touched. Records the shim left in pending_dir are finished the same way.
+
+    Try --dry-run first. Exit status 0 when the sweep ran (kept cgroups and
+    errors are reported, not fatal); non-zero only when it could not run: 66 no
+    cgroup hierarchy, 75 another sweep is running, 78 bad settings.
+    """
+    settings = load_settings()
+    fs = RealCgroupFs()
+    discovery = scan(settings, cgroup_root, kubepods, fs)
+    options = SweepOptions(min_age, batch, pause, max_sys_percent, max_slowdown, dry_run)
+    sweeper = Sweeper(
+        fs,
+        RuntimeDirs(runtime_root, bundle_root),
+        options,
+        progress=_progress(fmt == "text" and not dry_run and sys.stderr.isatty()),
+    )
+    if dry_run:
+        report = sweeper.run(discovery)
+    else:
+        lock = os.path.join(os.path.dirname(settings.pending_dir), "sweep.lock")
+        with sweep_lock(lock):
+            report = sweeper.run(discovery)
+        _count(settings, report)
+    if fmt == "json":
+        click.echo(json.dumps(report.as_dict(), indent=1, sort_keys=True))
+    else:
+        _print_text(report)
+
+
+def _count(settings: Settings, report: SweepReport) -> None:
+    """Add the sweep to the metrics counters; a failure here must not fail the sweep."""
+    from runc_guard.metrics import add_sweep, state_path
+
+    try:
+        add_sweep(state_path(settings.stats_file), report.as_dict(), time.time())
+    except OSError as exc:
+        click.echo(f"warning: cannot update metrics state: {exc}", err=True)

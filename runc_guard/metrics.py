@@ -1,0 +1,359 @@
+"""Prometheus metrics for node_exporter's textfile collector, without a daemon.
+
+The shim appends one JSON line per delete to ``Settings.stats_file`` (an
+O_APPEND write: its hot path pays nothing more). Whoever renders metrics
+(the audit timer every minute, or ``runc-guardctl metrics``) *folds* new lines
+into a counters state file next to it, under an flock, and replaces that file
+atomically. Exactly once: what was read is remembered as a byte offset per
+inode *in the same file as the counters*, so a crash before the rename
+re-reads the same bytes and a crash after it never sees them again. The stats
+file is rotated by rename (the inode, and so its offset, stays valid; a shim
+still holding the old file keeps appending to it) and the rotated file is
+deleted only once fully read and quiet for RETIRE_AFTER seconds. The sweep's
+counters land in the same state; the audit's gauges are rendered fresh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Delete wait-time buckets in seconds: the default delete budget is 3 s.
+WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
+#: The shim's outcomes (delete.py), rendered even at zero so rate() works from the start.
+OUTCOMES = (
+    "removed", "already_gone", "deadline", "rmdir_failed", "interrupted",
+    "refused", "runtime_failed", "no_state",
+)
+SWEEP_KEEP_REASONS = ("unsafe_path", "populated", "runtime_state", "bundle", "too_young", "busy")
+ROTATE_BYTES = 1 << 20
+RETIRE_AFTER = 60.0
+MAX_FOLD_BYTES = 64 << 20
+STATE_VERSION = 1
+_LABEL_VALUE = re.compile(r"^[a-z_]{1,40}$")
+
+
+def state_path(stats_file: str) -> str:
+    """The counters state lives next to the stats file (``/run/runc-guard`` by default)."""
+    return os.path.join(os.path.dirname(stats_file), "metrics-state.json")
+
+
+def new_state() -> dict[str, Any]:
+    return {
+        "version": STATE_VERSION,
+        "offsets": {},
+        "retired": None,
+        "deletes": {},
+        "delete_dirs_removed": 0,
+        "delete_killed": 0,
+        "delete_wait_buckets": [0] * (len(WAIT_BUCKETS) + 1),
+        "delete_wait_sum": 0.0,
+        "invalid_lines": 0,
+        "sweep": {
+            "runs": 0, "containers_removed": 0, "dirs_removed": 0, "kept": {}, "errors": 0,
+            "records_cleared": 0, "slowed_seconds": 0.0, "last_timestamp": 0.0,
+            "last_duration": 0.0,
+        },
+    }
+
+
+# -- pure folding -----------------------------------------------------------------
+
+
+def apply_delete_line(state: dict[str, Any], line: bytes) -> bool:
+    """Count one stats line; False (and counted as invalid) if it is not one the shim wrote."""
+    try:
+        doc = json.loads(line)
+        outcome = doc["outcome"]
+        waited = float(doc["waited_ms"]) / 1000.0
+        removed = int(doc["removed"])
+        killed = int(doc.get("killed", 0))
+        if not isinstance(outcome, str) or not math.isfinite(waited) or waited < 0:
+            raise ValueError(outcome)
+    except (ValueError, KeyError, TypeError):
+        state["invalid_lines"] += 1
+        return False
+    if not _LABEL_VALUE.match(outcome):
+        outcome = "other"
+    state["deletes"][outcome] = state["deletes"].get(outcome, 0) + 1
+    state["delete_dirs_removed"] += max(0, removed)
+    state["delete_killed"] += max(0, killed)
+    index = next((i for i, bound in enumerate(WAIT_BUCKETS) if waited <= bound), len(WAIT_BUCKETS))
+    state["delete_wait_buckets"][index] += 1
+    state["delete_wait_sum"] += waited
+    return True
+
+
+def record_sweep(state: dict[str, Any], report: Mapping[str, Any], now: float) -> None:
+    """Add one finished (not dry-run) sweep's figures to the counters."""
+    sweep = state["sweep"]
+    sweep["runs"] += 1
+    sweep["containers_removed"] += int(report["removed"])
+    sweep["dirs_removed"] += int(report["dirs_removed"])
+    sweep["errors"] += len(report["errors"])
+    sweep["records_cleared"] += int(report["records_cleared"])
+    sweep["slowed_seconds"] += float(report["slowed"])
+    for reason, count in report["kept"].items():
+        sweep["kept"][reason] = sweep["kept"].get(reason, 0) + int(count)
+    sweep["last_timestamp"] = now
+    sweep["last_duration"] = float(report["duration"])
+
+
+# -- the stats file ---------------------------------------------------------------
+
+
+def _key(st: os.stat_result) -> str:
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+def _stat(path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+
+
+def _fold_file(state: dict[str, Any], path: str, offset: int) -> tuple[int, int]:
+    """Fold complete lines after ``offset``; return (lines, new offset). A partial line waits."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(MAX_FOLD_BYTES)
+    except FileNotFoundError:
+        return 0, offset
+    end = data.rfind(b"\n") + 1
+    lines = 0
+    for line in data[:end].splitlines():
+        if line.strip():
+            apply_delete_line(state, line)
+            lines += 1
+    return lines, offset + end
+
+
+@dataclass
+class FoldResult:
+    lines: int = 0
+    #: Unlink this only after the state that forgets it has been saved.
+    unlink_after_save: str | None = None
+    rotated: bool = False
+
+
+def fold_stats(state: dict[str, Any], stats_file: str, now: float) -> FoldResult:
+    """Fold new lines of ``stats_file`` (and its rotated ``.1``) into ``state``; rotate if large."""
+    result = FoldResult()
+    offsets: dict[str, int] = state["offsets"]
+    rotated = stats_file + ".1"
+    current, old = _stat(stats_file), _stat(rotated)
+    if old is None:
+        state["retired"] = None
+    elif state.get("retired") == _key(old):
+        # Retired (fully counted) last time, but we stopped before unlinking it.
+        result.unlink_after_save = rotated
+        old = None
+    live = {_key(st) for st in (current, old) if st is not None}
+    for key in [k for k in offsets if k not in live]:
+        del offsets[key]  # the file is gone: its inode number may be reused
+    for path, st in ((rotated, old), (stats_file, current)):
+        if st is None:
+            continue
+        offset = offsets.get(_key(st), 0)
+        if st.st_size < offset:
+            offset = 0  # truncated by someone: start over
+        lines, offsets[_key(st)] = _fold_file(state, path, offset)
+        result.lines += lines
+    if old is not None and offsets.get(_key(old)) == old.st_size and now - old.st_mtime > RETIRE_AFTER:
+        state["retired"] = _key(old)
+        del offsets[_key(old)]
+        result.unlink_after_save = rotated
+    elif old is None and current is not None and current.st_size > ROTATE_BYTES:
+        os.rename(stats_file, rotated)  # same inode: its offset stays right
+        result.rotated = True
+    return result
+
+
+# -- the state file -----------------------------------------------------------------
+
+
+def _load(path: str) -> dict[str, Any]:
+    state = new_state()
+    try:
+        with open(path, "rb") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return state
+    except ValueError:
+        return state  # a corrupt state restarts the counters (Prometheus handles resets)
+    if isinstance(doc, dict) and doc.get("version") == STATE_VERSION:
+        state.update(doc)
+    return state
+
+
+def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Write a temp file in the same directory, fsync, rename: readers see old or new, never half."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        try:
+            os.write(fd, data)
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def locked_state(path: str) -> Iterator[dict[str, Any]]:
+    """Load the counters under an exclusive flock and save them atomically on success."""
+    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+    lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = _load(path)
+        yield state
+        write_atomic(path, json.dumps(state, sort_keys=True).encode(), 0o600)
+    finally:
+        os.close(lock)
+
+
+def fold(stats_file: str, state_file: str, now: float) -> FoldResult:
+    """Fold the shim's new stats lines into the saved counters (exactly once)."""
+    with locked_state(state_file) as state:
+        result = fold_stats(state, stats_file, now)
+    if result.unlink_after_save is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(result.unlink_after_save)
+    return result
+
+
+def add_sweep(state_file: str, report: Mapping[str, Any], now: float) -> None:
+    with locked_state(state_file) as state:
+        record_sweep(state, report, now)
+
+
+def load_state(state_file: str) -> dict[str, Any]:
+    return _load(state_file)
+
+
+# -- rendering ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Gauge:
+    name: str
+    help: str
+    value: float
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _sample(name: str, value: float, labels: Mapping[str, str] | None = None) -> str:
+    label_text = ""
+    if labels:
+        label_text = "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
+    if isinstance(value, float) and math.isinf(value):
+        shown = "+Inf" if value > 0 else "-Inf"
+    elif float(value).is_integer():
+        shown = str(int(value))
+    else:
+        shown = repr(float(value))
+    return f"{name}{label_text} {shown}"
+
+
+def _family(lines: list[str], name: str, kind: str, help_text: str) -> None:
+    lines.append(f"# HELP {name} {help_text}")
+    lines.append(f"# TYPE {name} {kind}")
+
+
+def _format_le(bound: float) -> str:
+    return repr(bound) if not bound.is_integer() else f"{bound:.1f}"
+
+
+def render(state: Mapping[str, Any], gauges: Sequence[Gauge] = ()) -> str:
+    """The Prometheus text exposition of the counters in ``state`` plus ``gauges``."""
+    out: list[str] = []
+    _family(out, "runc_guard_deletes_total", "counter", "Interposed deletes by outcome.")
+    deletes = dict.fromkeys(OUTCOMES, 0) | dict(state["deletes"])
+    for outcome, count in sorted(deletes.items()):
+        out.append(_sample("runc_guard_deletes_total", count, {"outcome": outcome}))
+    _family(out, "runc_guard_delete_dirs_removed_total", "counter",
+            "Cgroup directories removed by interposed deletes.")
+    out.append(_sample("runc_guard_delete_dirs_removed_total", state["delete_dirs_removed"]))
+    _family(out, "runc_guard_delete_stragglers_killed_total", "counter",
+            "Processes SIGKILLed by deletes because they were still in the container's cgroups.")
+    out.append(_sample("runc_guard_delete_stragglers_killed_total", state["delete_killed"]))
+    _family(out, "runc_guard_delete_wait_seconds", "histogram",
+            "Time deletes waited for the container's cgroups to empty and go.")
+    cumulative = 0
+    for bound, count in zip((*WAIT_BUCKETS, math.inf), state["delete_wait_buckets"], strict=True):
+        cumulative += count
+        le = "+Inf" if math.isinf(bound) else _format_le(bound)
+        out.append(_sample("runc_guard_delete_wait_seconds_bucket", cumulative, {"le": le}))
+    out.append(_sample("runc_guard_delete_wait_seconds_sum", round(state["delete_wait_sum"], 6)))
+    out.append(_sample("runc_guard_delete_wait_seconds_count", cumulative))
+    _family(out, "runc_guard_stats_invalid_lines_total", "counter",
+            "Lines of the shim's stats file that were not valid delete records.")
+    out.append(_sample("runc_guard_stats_invalid_lines_total", state["invalid_lines"]))
+    sweep = state["sweep"]
+    for key, help_text in (
+        ("runs", "Sweeps run (not dry runs)."),
+        ("containers_removed", "Leaked containers whose cgroups the sweep removed."),
+        ("dirs_removed", "Cgroup directories removed by the sweep."),
+        ("errors", "Errors met by the sweep (unremovable cgroups, bad pending records)."),
+        ("records_cleared", "Pending records of the shim finished by the sweep."),
+        ("slowed_seconds", "Extra seconds the sweep waited because system CPU was high."),
+    ):
+        name = f"runc_guard_sweep_{key}_total"
+        _family(out, name, "counter", help_text)
+        out.append(_sample(name, sweep[key]))
+    _family(out, "runc_guard_sweep_kept_total", "counter",
+            "Container cgroups the sweep left in place, by reason.")
+    kept = dict.fromkeys(SWEEP_KEEP_REASONS, 0) | dict(sweep["kept"])
+    for reason, count in sorted(kept.items()):
+        out.append(_sample("runc_guard_sweep_kept_total", count, {"reason": reason}))
+    _family(out, "runc_guard_sweep_last_run_timestamp_seconds", "gauge",
+            "When the last sweep finished (0: never).")
+    out.append(_sample("runc_guard_sweep_last_run_timestamp_seconds", sweep["last_timestamp"]))
+    _family(out, "runc_guard_sweep_last_duration_seconds", "gauge", "How long the last sweep took.")
+    out.append(_sample("runc_guard_sweep_last_duration_seconds", sweep["last_duration"]))
+    previous = ""
+    for gauge in sorted(gauges, key=lambda g: g.name):  # stable: a family's samples stay together
+        if gauge.name != previous:
+            _family(out, gauge.name, "gauge", gauge.help)
+            previous = gauge.name
+        out.append(_sample(gauge.name, gauge.value, gauge.labels))
+    return "\n".join(out) + "\n"
+
+
+def write_textfile(path: str, text: str) -> None:
+    """node_exporter reads ``*.prom``: a rename makes sure it never reads half a file."""
+    if path == "-":
+        raise ValueError("write_textfile needs a path")
+    write_atomic(path, text.encode(), 0o644)
+
+
+
+def export(stats_file: str, gauges: Sequence[Gauge], now: float, output: str | None) -> str:
+    """Fold the shim's new lines, render everything, and write ``output`` atomically (if given)."""
+    state_file = state_path(stats_file)
+    fold(stats_file, state_file, now)
+    text = render(load_state(state_file), gauges)
+    if output is not None:
+        write_textfile(output, text)
+    return text

@@ -1,0 +1,387 @@
+"""Remove container cgroups that leaked before runc-guard was installed, gently.
+
+Read, decide, act, apart: :func:`read_facts` looks at one container unit (every
+directory and child in every hierarchy, runc state, containerd bundle, age),
+:func:`decide` is a pure function of those facts, and :class:`Sweeper` acts.
+A unit is planned from one look and looked at *again* right before its
+removal, because minutes may pass between the two on a big node.
+
+Every ``rmdir`` of a v1 cgroup takes the global ``cgroup_mutex`` and the
+kernel's css teardown after it runs in workqueues that take it too; deleting
+8147 x 12 directories in one go is what stalled the incident's node. So
+removals go in batches with a pause in between, and while the node's system
+CPU time (``/proc/stat``, via psutil) stays above a limit the pause grows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from runc_guard.cgroupfs import CgroupFsOps
+from runc_guard.cleanup import CleanupReport, attempt_removal, subtree_leaf_first
+from runc_guard.discovery import ContainerUnit, Discovery
+from runc_guard.errors import CgroupRemovalFailed, RuncGuardError
+from runc_guard.pending import remove_record
+
+DEFAULT_RUNTIME_ROOT = "/run/containerd/runc"
+DEFAULT_BUNDLE_ROOT = "/run/containerd/io.containerd.runtime.v2.task"
+#: A container being created has its cgroup before runc writes its state.
+DEFAULT_MIN_AGE = 60.0
+DEFAULT_BATCH = 500
+DEFAULT_PAUSE = 1.0
+DEFAULT_MAX_SYS_PERCENT = 30.0
+#: Longest extra wait between two batches while sys% stays high: a node busy for
+#: other reasons must not stop the sweep for good.
+DEFAULT_MAX_SLOWDOWN = 60.0
+#: Shortest slowdown step: below this, /proc/stat's 10 ms ticks make sys% noise.
+MIN_SLOWDOWN_STEP = 0.5
+#: sysexits EX_TEMPFAIL: another sweep holds the lock; try again later.
+EXIT_SWEEP_LOCKED = 75
+
+#: Kept-reasons in the order decide() checks them.
+KEEP_REASONS = ("unsafe_path", "populated", "runtime_state", "bundle", "too_young", "busy")
+
+
+class SweepLocked(RuncGuardError):
+    """Another sweep is running on this node (timer, DaemonSet or by hand)."""
+
+    exit_code = EXIT_SWEEP_LOCKED
+
+
+# -- read ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RuntimeDirs:
+    """Where runc keeps state (``<root>/<ns>/<id>``) and containerd its bundles (``<root>/<ns>/<id>``)."""
+
+    runtime_root: str = DEFAULT_RUNTIME_ROOT
+    bundle_root: str = DEFAULT_BUNDLE_ROOT
+
+    @staticmethod
+    def _in_any_namespace(root: str, container_id: str) -> bool:
+        try:
+            namespaces = os.listdir(root)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        return any(os.path.lexists(os.path.join(root, ns, container_id)) for ns in namespaces)
+
+    def has_state(self, container_id: str, record_root: str | None = None) -> bool:
+        """runc state exists: the ``<id>`` directory, which runc makes before its state.json."""
+        if record_root and os.path.lexists(os.path.join(record_root, container_id)):
+            return True
+        return self._in_any_namespace(self.runtime_root, container_id)
+
+    def has_bundle(self, container_id: str) -> bool:
+        return self._in_any_namespace(self.bundle_root, container_id)
+
+
+@dataclass(frozen=True)
+class UnitFacts:
+    """One look at a container unit."""
+
+    #: Existing directories of the unit and their children, leaf-first.
+    present: tuple[str, ...]
+    #: Those with a process in ``cgroup.procs``.
+    populated: tuple[str, ...]
+    has_state: bool
+    has_bundle: bool
+    #: mtime of the youngest present directory (None when nothing is present).
+    newest: float | None
+    unsafe: str | None = None
+
+
+def read_facts(unit: ContainerUnit, fs: CgroupFsOps, runtime: RuntimeDirs) -> UnitFacts:
+    """Look at every directory of ``unit`` (and every child) plus the runtime's records of it."""
+    if unit.unsafe is not None:
+        return UnitFacts((), (), False, False, None, unit.unsafe)
+    present: list[str] = []
+    populated: list[str] = []
+    newest: float | None = None
+    for root in unit.dirs:
+        for path in subtree_leaf_first(root, fs):
+            mtime = fs.modified_at(path)
+            if mtime is None:
+                continue  # gone (or never existed in this hierarchy)
+            present.append(path)
+            newest = mtime if newest is None else max(newest, mtime)
+            if fs.read_procs(path):
+                populated.append(path)
+    return UnitFacts(
+        tuple(present),
+        tuple(populated),
+        runtime.has_state(unit.container_id, unit.runtime_root),
+        runtime.has_bundle(unit.container_id),
+        newest,
+    )
+
+
+# -- decide -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``remove`` the unit, ``keep`` it (for ``reason``), or ``forget`` it (nothing left)."""
+
+    action: str
+    reason: str
+
+
+def decide(facts: UnitFacts, now: float, min_age: float) -> Verdict:
+    """Remove only a unit that is empty everywhere, unknown to runc and containerd, and old."""
+    if facts.unsafe is not None:
+        return Verdict("keep", "unsafe_path")
+    if not facts.present:
+        return Verdict("forget", "gone")
+    if facts.populated:
+        return Verdict("keep", "populated")
+    if facts.has_state:
+        return Verdict("keep", "runtime_state")
+    if facts.has_bundle:
+        return Verdict("keep", "bundle")
+    if facts.newest is None or now - facts.newest < min_age:
+        return Verdict("keep", "too_young")
+    return Verdict("remove", "orphan")
+
+
+def sys_percent(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    """System CPU % between two (system, total) samples; None if no time passed."""
+    elapsed = after[1] - before[1]
+    if elapsed <= 0:
+        return None
+    return max(0.0, 100.0 * (after[0] - before[0]) / elapsed)
+
+
+def slowdown_step(
+    percent: float | None, limit: float, slowed: float, cap: float, pause: float
+) -> float:
+    """Seconds to wait before the next batch (0: go on).
+
+    Each step is as long as everything waited so far (so the wait doubles),
+    never shorter than the pause or MIN_SLOWDOWN_STEP, and the total stays within ``cap``.
+    """
+    if percent is None or percent <= limit or slowed >= cap:
+        return 0.0
+    return min(max(pause, MIN_SLOWDOWN_STEP, slowed), cap - slowed)
+
+
+def cpu_sample() -> tuple[float, float]:
+    """(system, total) CPU seconds of the whole node from /proc/stat (guest time is in user)."""
+    import psutil
+
+    times = psutil.cpu_times()
+    total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+    return times.system, total
+
+
+# -- act ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    min_age: float = DEFAULT_MIN_AGE
+    batch: int = DEFAULT_BATCH
+    pause: float = DEFAULT_PAUSE
+    max_sys_percent: float = DEFAULT_MAX_SYS_PERCENT
+    max_slowdown: float = DEFAULT_MAX_SLOWDOWN
+    dry_run: bool = False
+
+
+@dataclass
+class BatchReport:
+    """One batch: when it ran (seconds from the sweep's start) and how the pause after it went."""
+
+    index: int
+    started: float
+    finished: float = 0.0
+    containers: int = 0
+    dirs_removed: int = 0
+    pause: float = 0.0
+    #: Node sys% over the batch and its pause; None after the last batch.
+    sys_percent: float | None = None
+    slowed: float = 0.0
+
+
+@dataclass
+class SweepReport:
+    """What one sweep found and did; ``as_dict`` is the JSON report."""
+
+    dry_run: bool
+    hierarchies: list[str]
+    found: int = 0
+    candidates: int = 0
+    removed: int = 0
+    dirs_removed: int = 0
+    kept: dict[str, int] = field(default_factory=dict)
+    gone: int = 0
+    records_cleared: int = 0
+    errors: list[str] = field(default_factory=list)
+    duration: float = 0.0
+    slowed: float = 0.0
+    batches: list[BatchReport] = field(default_factory=list)
+    #: id, pod, dirs and what happened, for every unit (dry run: what would happen).
+    containers: list[dict[str, Any]] = field(default_factory=list)
+
+    def keep(self, reason: str) -> None:
+        self.kept[reason] = self.kept.get(reason, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Progress = Callable[[int, int], None]
+
+
+class Sweeper:
+    """The acting loop. Clocks, sleep and the CPU sampler are parameters so tests can run it fast."""
+
+    def __init__(
+        self,
+        fs: CgroupFsOps,
+        runtime: RuntimeDirs,
+        options: SweepOptions,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        cpu: Callable[[], tuple[float, float]] = cpu_sample,
+        progress: Progress | None = None,
+    ) -> None:
+        self.fs = fs
+        self.runtime = runtime
+        self.options = options
+        self.clock = clock
+        self.wall = wall
+        self.sleep = sleep
+        self.cpu = cpu
+        self.progress = progress
+
+    def run(self, discovery: Discovery) -> SweepReport:
+        started = self.clock()
+        report = SweepReport(self.options.dry_run, [h.mount for h in discovery.hierarchies])
+        report.errors.extend(f"{path}: {why}" for path, why in sorted(discovery.record_errors.items()))
+        units = sorted(discovery.units.values(), key=lambda u: (u.pod, u.container_id))
+        report.found = len(units)
+        candidates: list[ContainerUnit] = []
+        for unit in units:
+            facts = read_facts(unit, self.fs, self.runtime)
+            verdict = decide(facts, self.wall(), self.options.min_age)
+            if verdict.action == "remove":
+                candidates.append(unit)
+                if self.options.dry_run:
+                    self._note(report, unit, "would_remove", len(facts.present))
+            else:
+                self._settle(report, unit, verdict, len(facts.present))
+        report.candidates = len(candidates)
+        if not self.options.dry_run and candidates:
+            self._remove_in_batches(candidates, report, started)
+        report.duration = round(self.clock() - started, 3)
+        return report
+
+    def _note(self, report: SweepReport, unit: ContainerUnit, action: str, dirs: int) -> None:
+        report.containers.append(
+            {"id": unit.container_id, "pod": unit.pod, "dirs": dirs, "action": action}
+        )
+
+    def _settle(self, report: SweepReport, unit: ContainerUnit, verdict: Verdict, dirs: int) -> None:
+        """Account for a unit that is not removed; a record whose dirs are all gone is done."""
+        if verdict.action == "forget":
+            report.gone += 1
+            if unit.record is not None and not self.options.dry_run:
+                remove_record(unit.record)
+                report.records_cleared += 1
+            self._note(report, unit, "gone", 0)
+            return
+        report.keep(verdict.reason)
+        self._note(report, unit, f"kept:{verdict.reason}", dirs)
+
+    def _remove_one(self, unit: ContainerUnit, report: SweepReport, batch: BatchReport) -> None:
+        facts = read_facts(unit, self.fs, self.runtime)  # again: minutes may have passed
+        verdict = decide(facts, self.wall(), self.options.min_age)
+        if verdict.action != "remove":
+            self._settle(report, unit, verdict, len(facts.present))
+            return
+        cleanup = CleanupReport()
+        failed: CgroupRemovalFailed | None = None
+        try:
+            remaining = attempt_removal(unit.dirs, self.fs, cleanup, kill=False)
+        except CgroupRemovalFailed as exc:
+            failed, remaining = exc, {exc.path: ()}
+        batch.containers += 1
+        batch.dirs_removed += len(cleanup.removed)
+        report.dirs_removed += len(cleanup.removed)
+        if failed is not None:
+            report.errors.append(f"{unit.container_id}: {failed}")
+            self._note(report, unit, "error", len(remaining))
+            return
+        if remaining:
+            # EBUSY: something moved into it after the check, or the kernel is not done with it.
+            report.keep("busy")
+            self._note(report, unit, "kept:busy", len(remaining))
+            return
+        report.removed += 1
+        if unit.record is not None:
+            remove_record(unit.record)
+            report.records_cleared += 1
+        self._note(report, unit, "removed", len(cleanup.removed))
+
+    def _remove_in_batches(
+        self, candidates: Sequence[ContainerUnit], report: SweepReport, started: float
+    ) -> None:
+        batch = BatchReport(0, round(self.clock() - started, 3))
+        cpu_before = self.cpu()
+        for done, unit in enumerate(candidates, 1):
+            self._remove_one(unit, report, batch)
+            if self.progress is not None:
+                self.progress(done, len(candidates))
+            if batch.dirs_removed >= self.options.batch and done < len(candidates):
+                batch.finished = round(self.clock() - started, 3)
+                report.batches.append(batch)
+                self._pause(batch, cpu_before)
+                report.slowed = round(report.slowed + batch.slowed, 3)
+                batch = BatchReport(batch.index + 1, round(self.clock() - started, 3))
+                cpu_before = self.cpu()
+        batch.finished = round(self.clock() - started, 3)
+        report.batches.append(batch)
+
+    def _pause(self, batch: BatchReport, cpu_before: tuple[float, float]) -> None:
+        """Sleep the pause, then keep waiting while the node's sys% is above the limit."""
+        options = self.options
+        if options.pause > 0:
+            self.sleep(options.pause)
+        batch.pause = options.pause
+        percent = sys_percent(cpu_before, self.cpu())
+        batch.sys_percent = None if percent is None else round(percent, 1)
+        slowed = 0.0
+        while True:
+            step = slowdown_step(
+                percent, options.max_sys_percent, slowed, options.max_slowdown, options.pause
+            )
+            if step <= 0:
+                break
+            before = self.cpu()
+            self.sleep(step)
+            slowed += step
+            percent = sys_percent(before, self.cpu())
+        batch.slowed = round(slowed, 3)
+
+
+@contextlib.contextmanager
+def sweep_lock(path: str) -> Iterator[None]:
+    """One sweep per node at a time: an flock on ``path``, released when the process ends."""
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SweepLocked(f"another sweep holds {path}; try again when it has finished") from None
+        yield
+    finally:
+        os.close(fd)
