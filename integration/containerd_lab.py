@@ -348,8 +348,11 @@ def run_task(
 ) -> Task:
     """Start a detached host-PID task through ``binary``; wait for all its processes."""
     task = Task(lab, namespace, unique(prefix), binary)
+    # ctr asks for cpu shares 1024 by default; the v2 tree of a hybrid host has no
+    # cpu controller (it is bound to v1), so under UNIFIED ask for none.
+    shares = ["--cpu-shares", "0"] if lab.layout == UNIFIED else []
     lab.ctr(
-        namespace, "run", "-d", "--null-io", "--rootfs", "--runc-binary", binary,
+        namespace, "run", "-d", "--null-io", *shares, "--rootfs", "--runc-binary", binary,
         "--with-ns", f"pid:/proc/{lab.pid}/ns/pid", lab.rootfs, task.id,
         *sleepers_command(children),
     )
