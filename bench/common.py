@@ -7,9 +7,12 @@ reports medians and ratios measured side by side, never one absolute time.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 
@@ -67,3 +70,189 @@ def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[obje
     for row in rows:
         out.write("| " + " | ".join(f"{c:.2f}" if isinstance(c, float) else str(c) for c in row) + " |\n")
     out.flush()
+
+
+# -- additions for the delete, wake-up, concurrency and sweep benchmarks ---------
+
+#: Every cgroup a benchmark creates has a name starting with this, so a crashed
+#: run's leftovers are easy to find (and never confused with anyone else's).
+PREFIX = "rgbench"
+
+
+class Measured:
+    """One finished run: wall time, exit status and the child's rusage (self + its children)."""
+
+    __slots__ = ("elapsed", "maxrss_kb", "status", "stime", "utime")
+
+    def __init__(self, elapsed: float, status: int, utime: float, stime: float, maxrss_kb: int) -> None:
+        self.elapsed = elapsed
+        self.status = status
+        self.utime = utime
+        self.stime = stime
+        self.maxrss_kb = maxrss_kb
+
+    @property
+    def cpu(self) -> float:
+        return self.utime + self.stime
+
+
+def run_measured(argv: Sequence[str], env: dict[str, str] | None = None) -> Measured:
+    """Like spawn_time, but returns the exit status and wait4's rusage and never raises on status."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        actions = [(os.POSIX_SPAWN_DUP2, devnull, 1), (os.POSIX_SPAWN_DUP2, devnull, 2)]
+        start = time.perf_counter()
+        pid = os.posix_spawn(argv[0], list(argv), env if env is not None else dict(os.environ),
+                             file_actions=actions)
+        _, status, usage = os.wait4(pid, 0)
+        elapsed = time.perf_counter() - start
+    finally:
+        os.close(devnull)
+    return Measured(elapsed, os.waitstatus_to_exitcode(status), usage.ru_utime, usage.ru_stime,
+                    usage.ru_maxrss)
+
+
+def cpu_sample() -> tuple[int, int]:
+    """(system, total) jiffies of the whole node from the first line of /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal guest guest_nice; guest is inside user.
+    return fields[2], sum(fields[:8])
+
+
+def sys_percent(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """Node-wide system CPU % (of all cores) between two cpu_sample() readings."""
+    total = after[1] - before[1]
+    return 100.0 * (after[0] - before[0]) / total if total > 0 else 0.0
+
+
+def cgroup_mounts() -> list[str]:
+    """Every cgroup hierarchy mounted in this mount namespace (v1 and v2), sorted."""
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            if right.split(" ", 1)[0] in ("cgroup", "cgroup2"):
+                points.append(left.split(" ")[4])
+    return sorted(points)
+
+
+def remove_subtree(path: str) -> int:
+    """rmdir a cgroup subtree leaf-first, tolerating what is gone; returns directories removed."""
+    removed = 0
+    stack = [(path, False)]
+    while stack:
+        current, expanded = stack.pop()
+        if expanded:
+            try:
+                os.rmdir(current)
+                removed += 1
+            except FileNotFoundError:
+                pass
+            continue
+        stack.append((current, True))
+        try:
+            with os.scandir(current) as it:
+                stack.extend((e.path, False) for e in it if e.is_dir(follow_symlinks=False))
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def remove_everywhere(relative: str) -> int:
+    """remove_subtree(<mount>/<relative>) in every hierarchy."""
+    return sum(remove_subtree(os.path.join(m, relative.strip("/"))) for m in cgroup_mounts())
+
+
+def make_cpuset_usable(path: str) -> None:
+    """A v1 cpuset cgroup needs cpus and mems before a task may join it: copy the parent's."""
+    if not os.path.exists(os.path.join(path, "cpuset.cpus")):
+        return
+    parent = os.path.dirname(path)
+    for name in ("cpuset.cpus", "cpuset.mems"):
+        with open(os.path.join(parent, name)) as f:
+            value = f.read().strip()
+        with open(os.path.join(path, name), "w") as f:
+            f.write(value)
+
+
+class Probe:
+    """A separate process that creates and removes one cgroup in a loop, timing each pair.
+
+    This is what every other pod's runtime does on a busy node (a container start
+    creates cgroups): its latency shows how much a sweep or a kubelet-style walk
+    holds everybody else up (cgroup v1's global ``cgroup_mutex``). It runs as its
+    own interpreter so the measured work and the probe do not share a GIL.
+    """
+
+    def __init__(self, parent: str, interval: float = 0.005) -> None:
+        self.parent = parent
+        self.interval = interval
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.out = ""
+
+    def __enter__(self) -> Probe:
+        fd, self.out = tempfile.mkstemp(prefix=f"{PREFIX}-probe-", suffix=".txt")
+        os.close(fd)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _PROBE_SOURCE, self.parent, str(self.interval), self.out],
+            stdin=subprocess.PIPE,
+        )
+        return self
+
+    def mark(self) -> None:
+        """Start a new phase: the probe's samples are split at each mark."""
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(b"m\n")
+        self.proc.stdin.flush()
+
+    def phases(self) -> list[list[float]]:
+        """Stop the probe; its samples (seconds) per phase, in the order of the marks."""
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(30)
+        phases: list[list[float]] = [[]]
+        with open(self.out) as f:
+            for line in f:
+                if line.startswith("m"):
+                    phases.append([])
+                elif line.strip():
+                    phases[-1].append(float(line))
+        return phases
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        with contextlib.suppress(OSError):
+            os.unlink(self.out)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.join(self.parent, "probe"))
+
+
+# The probe loop: mkdir + rmdir of <parent>/probe every `interval`; a line "m" on
+# stdin starts a new phase; EOF stops it. Samples go to a file (not a pipe, so a
+# slow reader cannot stall the probe).
+_PROBE_SOURCE = """
+import os, select, sys, time
+parent, interval, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+path = os.path.join(parent, "probe")
+lines = []
+poller = select.poll()
+poller.register(0, select.POLLIN)
+buf = b""
+try:
+    while True:
+        t = time.perf_counter()
+        os.mkdir(path)
+        os.rmdir(path)
+        lines.append(repr(time.perf_counter() - t))
+        if poller.poll(interval * 1000):
+            data = os.read(0, 64)
+            if not data:
+                break
+            lines.extend("m" for _ in range(data.count(b"m")))
+finally:
+    with open(out, "w") as f:
+        f.write("\\n".join(lines) + "\\n")
+"""

@@ -1,0 +1,203 @@
+"""Delete of a clean container: ``runc-guard delete --force`` vs stock ``runc delete --force``.
+
+Clean means nothing to wait for: a container with its own pid namespace whose
+init was SIGKILLed, so every process is gone before the delete starts (containerd's
+Path B when the teardown is quick). Each round makes two such containers and
+deletes one through each binary, in rotating order, so the machine's noise hits
+both alike. Target (issue 6): at most 80 ms over runc. The import cost of the
+delete path is measured separately: ``python -c "import runc_guard.delete"`` vs
+``import runc_guard.shim`` (the passthrough path) vs a bare ``python -c pass``,
+interleaved, plus the heaviest imports from ``-X importtime``.
+
+Run as root: ``python -m bench.delete_clean [--rounds N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+from bench.common import (
+    PREFIX,
+    interleaved,
+    median_ms,
+    percentile_ms,
+    print_table,
+    remove_everywhere,
+    run_measured,
+)
+from integration.lab import BUSYBOX, RUNC, procs, wait_for
+from integration.scenario import guard_env
+
+CGROUP_PROBE = ("/sys/fs/cgroup/memory", "/sys/fs/cgroup/unified", "/sys/fs/cgroup")
+
+
+class CleanContainers:
+    """Stopped runc containers (own pid namespace, init killed) under one ``rgbench-`` parent."""
+
+    def __init__(self, workdir: str) -> None:
+        self.workdir = workdir
+        self.root = os.path.join(workdir, "runc-root")
+        self.parent = f"{PREFIX}-del-{uuid.uuid4().hex[:8]}"
+        self.rootfs = os.path.join(workdir, "rootfs")
+        os.makedirs(os.path.join(self.rootfs, "bin"))
+        shutil.copy2(BUSYBOX, os.path.join(self.rootfs, "bin", "busybox"))
+        for applet in ("sh", "sleep"):
+            os.symlink("busybox", os.path.join(self.rootfs, "bin", applet))
+        for d in ("proc", "dev", "sys", "tmp"):
+            os.makedirs(os.path.join(self.rootfs, d))
+        subprocess.run([RUNC, "spec"], cwd=workdir, check=True)
+        with open(os.path.join(workdir, "config.json")) as f:
+            self.template = json.load(f)
+        self.ids: list[str] = []
+
+    def _cgroup(self, cid: str) -> str:
+        for top in CGROUP_PROBE:
+            path = os.path.join(top, self.parent, cid)
+            if os.path.isdir(path):
+                return path
+        return ""
+
+    def dirs_left(self, cid: str) -> int:
+        from integration.lab import dirs_named
+
+        return len(dirs_named(f"{self.parent}/{cid}"))
+
+    def make_stopped(self) -> str:
+        """A container whose init (and so every process) was SIGKILLed: runc sees it Stopped."""
+        cid = f"{PREFIX}-{uuid.uuid4().hex[:10]}"
+        bundle = os.path.join(self.workdir, cid)
+        os.makedirs(bundle)
+        config = json.loads(json.dumps(self.template))
+        config["root"] = {"path": self.rootfs, "readonly": True}
+        config["process"]["terminal"] = False
+        config["process"]["args"] = ["sleep", "1000"]
+        config["linux"]["cgroupsPath"] = f"/{self.parent}/{cid}"
+        with open(os.path.join(bundle, "config.json"), "w") as f:
+            json.dump(config, f)
+        self.ids.append(cid)
+        subprocess.run([RUNC, "--root", self.root, "run", "-d", cid], cwd=bundle, check=True,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, timeout=30)
+        with open(os.path.join(self.root, cid, "state.json")) as f:
+            init = json.load(f)["init_process_pid"]
+        os.kill(init, signal.SIGKILL)
+        if not wait_for(lambda: not procs(self._cgroup(cid)), 10, 0.005):
+            raise RuntimeError(f"{cid}: processes did not exit")
+        return cid
+
+    def destroy(self) -> None:
+        """Whatever happened: delete every container we made, then remove our parent cgroup."""
+        for cid in self.ids:
+            path = self._cgroup(cid)
+            for pid in procs(path) if path else []:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if os.path.exists(os.path.join(self.root, cid)):
+                subprocess.run([RUNC, "--root", self.root, "delete", "--force", cid],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
+                               timeout=30)
+        remove_everywhere(self.parent)
+
+
+def delete_rounds(rounds: int, shim: str, workdir: str) -> dict[str, list[float]]:
+    """Rotating pairs of deletes; returns samples and checks every delete left nothing behind."""
+    env = guard_env(workdir)
+    with open(env["RUNC_GUARD_CONFIG"], "w") as f:
+        f.write('runtime = "runc"\n')
+    containers = CleanContainers(workdir)
+    samples: dict[str, list[float]] = {"runc": [], "runc-guard": []}
+    leaks = {"runc": 0, "runc-guard": 0}
+    failures = {"runc": 0, "runc-guard": 0}
+    try:
+        for i in range(rounds + 2):  # the first two rounds only warm the caches
+            order = ["runc", "runc-guard"] if i % 2 == 0 else ["runc-guard", "runc"]
+            for name in order:
+                cid = containers.make_stopped()
+                binary = RUNC if name == "runc" else shim
+                run = run_measured([binary, "--root", containers.root, "--log",
+                                    os.path.join(workdir, f"{cid}.log.json"), "--log-format", "json",
+                                    "delete", "--force", cid], env)
+                if i < 2:
+                    continue
+                samples[name].append(run.elapsed)
+                failures[name] += run.status != 0
+                leaks[name] += containers.dirs_left(cid) > 0
+    finally:
+        containers.destroy()
+    print(f"\nclean deletes: non-zero exits {failures}, containers with cgroup dirs left {leaks}")
+    return samples
+
+
+def importtime_top(python: str, module: str, count: int = 8) -> list[tuple[str, float]]:
+    """The heaviest top-level imports (cumulative ms) below ``module`` from ``-X importtime``."""
+    proc = subprocess.run([python, "-P", "-X", "importtime", "-c", f"import {module}"],
+                          capture_output=True, text=True, check=True)
+    rows = []
+    for line in proc.stderr.splitlines():
+        if not line.startswith("import time:") or "cumulative" in line:
+            continue
+        _, cumulative, raw = line.split("|")
+        name = raw[1:]
+        depth = (len(name) - len(name.lstrip())) // 2
+        if depth == 1:  # what the module imports directly
+            rows.append((name.strip(), int(cumulative) / 1000))
+    return sorted(rows, key=lambda r: -r[1])[:count]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--import-rounds", type=int, default=60)
+    args = parser.parse_args()
+    python = sys.executable
+    shim = os.path.join(os.path.dirname(python), "runc-guard")
+    with tempfile.TemporaryDirectory(prefix=f"{PREFIX}-") as workdir:
+        started = time.monotonic()
+        samples = delete_rounds(args.rounds, shim, workdir)
+    runc_ms, guard_ms = median_ms(samples["runc"]), median_ms(samples["runc-guard"])
+    print_table(
+        f"Delete of a clean container: {args.rounds} interleaved rounds (ms)",
+        ["binary", "p50", "p90", "over runc (p50)"],
+        [
+            ("runc", runc_ms, percentile_ms(samples["runc"], 90), 0.0),
+            ("runc-guard", guard_ms, percentile_ms(samples["runc-guard"], 90), guard_ms - runc_ms),
+        ],
+    )
+    print(f"\ndelete overhead = {guard_ms - runc_ms:.1f} ms (target <= 80 ms); "
+          f"{time.monotonic() - started:.0f} s")
+
+    imports = interleaved(
+        {
+            "bare": [python, "-P", "-c", "pass"],
+            "shim": [python, "-P", "-c", "import runc_guard.shim"],
+            "delete": [python, "-P", "-c", "import runc_guard.delete"],
+        },
+        args.import_rounds,
+    )
+    bare = median_ms(imports["bare"])
+    print_table(
+        f"Import cost: medians of {args.import_rounds} interleaved interpreter starts (ms)",
+        ["python -c", "p50", "over bare"],
+        [
+            ("pass", bare, 0.0),
+            ("import runc_guard.shim (passthrough)", median_ms(imports["shim"]),
+             median_ms(imports["shim"]) - bare),
+            ("import runc_guard.delete", median_ms(imports["delete"]), median_ms(imports["delete"]) - bare),
+        ],
+    )
+    print_table("Heaviest imports of the delete path (-X importtime, one run, cumulative ms)",
+                ["module", "ms"], importtime_top(python, "runc_guard.delete"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
