@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 # runc/containerd/crun/busybox-static: the real parts the tests drive; systemd gives
 # systemd-journald and systemd-analyze; python3-venv builds the test venv.
 APT_PACKAGES := runc containerd crun busybox-static python3-venv systemd util-linux procps make
+# python3-yaml: the installer manifests are parsed with Debian's python3 in tests.
+APT_PACKAGES += python3-yaml
 SOURCES := $(shell find runc_guard bin -type f -name '*' -not -name '*.pyc') pyproject.toml
 STAMP := $(VENV)/.installed
 
@@ -55,3 +57,12 @@ bench: deps venv
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
+
+# dist/runc-guard_<version>_all.deb for Debian 12 (dpkg-deb only; depends on Debian's python3-* libs).
+.PHONY: deb single-file
+deb: venv
+	PYTHON=$(abspath $(PY)) packaging/build-deb.sh dist
+
+# dist/runc-guard.pyz: one executable file (sh prelude + zip with bytecode) for other distributions.
+single-file: venv
+	PYTHON=$(abspath $(PY)) packaging/single-file/build.sh dist
