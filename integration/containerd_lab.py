@@ -578,3 +578,11 @@ def path_a(
         if timer is not None:
             timer.cancel()
         hold.destroy()
+
+
+def in_namespace(lab: Containerd, argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in containerd's mount namespace, with containerd's environment."""
+    return subprocess.run(
+        [NSENTER, "-t", str(lab.pid), "-m", "--", *argv], capture_output=True, text=True,
+        timeout=timeout, check=False, stdin=subprocess.DEVNULL, env=lab.env,
+    )
