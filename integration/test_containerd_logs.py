@@ -1,0 +1,34 @@
+"""runc-guard's canonical delete entry reaches a real journald from inside containerd's shim."""
+
+from __future__ import annotations
+
+import pytest
+
+from integration import containerd_lab as cl
+from integration.journald import Journald
+
+pytestmark = pytest.mark.kernel
+
+
+def test_path_b_delete_is_one_canonical_journal_entry(
+    journal: Journald | None, ctd: cl.Containerd, ns: str
+) -> None:
+    """journalctl CONTAINER_ID=<id> shows the delete with its outcome and waited time."""
+    if journal is None:
+        pytest.skip("no systemd-journald on this machine (make deps installs systemd)")
+    crash = cl.path_b_crash(ctd, ns, cl.guard_binary(), delay=1.0)
+    try:
+        assert crash.left == []
+        entries = journal.wait_entries(f"CONTAINER_ID={crash.task_id}")
+        deletes = [e for e in entries if e.get("EVENT") == "delete"]
+        assert len(deletes) == 1, entries
+        entry = deletes[0]
+        assert entry["SYSLOG_IDENTIFIER"] == "runc-guard"
+        assert entry["OUTCOME"] == "removed"
+        assert entry["FORCE"] in ("True", "true", "1")  # containerd cleans up with --force
+        assert int(entry["WAITED_MS"]) > 0
+        assert int(entry["REMOVED"]) >= 9
+        assert entry["RUNTIME_ROOT"] == f"{cl.RUNC_ROOT}/{ns}"
+        assert f"outcome=removed waited_ms={entry['WAITED_MS']}" in entry["MESSAGE"]
+    finally:
+        cl.remove_dirs(crash.left)
