@@ -422,9 +422,10 @@ def containerd(
             state = load_state(host, config)
             click.echo(json.dumps(state, indent=2) if state else "nothing to revert")
             return
+        had_record = load_state(host, config) is not None
         for line in revert(host, config, force):
             click.echo(line)
-        _report_restart(restart, restart_command, changed=True)
+        _report_restart(restart, restart_command, changed=had_record)
         return
     binary = binary or _default_binary()
     settings_path = settings_path or config_path(os.environ)
