@@ -1,0 +1,424 @@
+"""The .deb, the single-file build and the DaemonSet installer, built and run for real.
+
+The kernel-marked test installs the .deb with apt on this machine (Debian's own
+python3-* libraries), runs a real Path B delete through /usr/bin/runc-guard in
+front of runc, and purges the package again, whatever happens.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import tomlkit
+
+import runc_guard
+from runc_guard.config import Settings, settings_from
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGING = os.path.join(REPO, "packaging")
+DEBIAN_DEPS = ("python3-psutil", "python3-tenacity", "python3-structlog", "python3-click",
+               "python3-tomlkit")
+HEAVY = ("click", "structlog", "psutil", "tenacity", "tomlkit", "tomllib", "re", "subprocess")
+DEB_PYTHON = "/usr/bin/python3"
+
+
+def run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    kw.setdefault("timeout", 300)
+    return subprocess.run(argv, capture_output=True, text=True, check=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def deb(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """``packaging/build-deb.sh`` output, built once for this module."""
+    out = tmp_path_factory.mktemp("rgpkg-dist")
+    env = dict(os.environ, PYTHON=sys.executable)
+    path = run([os.path.join(PACKAGING, "build-deb.sh"), str(out)], env=env).stdout.strip()
+    assert path == os.path.join(out, f"runc-guard_{runc_guard.__version__}_all.deb")
+    return path
+
+
+def deb_files(deb: str) -> dict[str, str]:
+    """Path -> mode string of every entry in the package."""
+    files = {}
+    for line in run(["dpkg-deb", "-c", deb]).stdout.splitlines():
+        mode, *_rest, name = line.split()
+        files[name.removeprefix(".")] = mode
+    return files
+
+
+def imported_modules(argv: list[str], env: dict[str, str]) -> set[str]:
+    """Modules a command imports, from ``-X importtime`` (stderr)."""
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+    return {
+        line.split("|")[-1].strip() for line in proc.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+
+
+def test_deb_metadata_and_dependencies(deb: str) -> None:
+    """The .deb is arch-all, versioned like the package, and depends on Debian's python3 libs."""
+    fields = run(["dpkg-deb", "-f", deb, "Package", "Version", "Architecture", "Depends"]).stdout
+    assert "Package: runc-guard" in fields
+    assert f"Version: {runc_guard.__version__}" in fields
+    assert "Architecture: all" in fields
+    depends = fields.split("Depends:", 1)[1]
+    for name in ("python3 ", *DEBIAN_DEPS):
+        assert name.strip() in depends
+
+
+def test_deb_contents(deb: str, tmp_path: Any) -> None:
+    """Launchers, package, conffile, systemd units present at build time, and man pages."""
+    files = deb_files(deb)
+    for path in ("/usr/bin/runc-guard", "/usr/bin/runc-guardctl",
+                 "/usr/lib/python3/dist-packages/runc_guard/shim.py",
+                 "/usr/lib/python3/dist-packages/runc_guard/cli/configure.py",
+                 "/etc/runc-guard/config.toml", "/usr/share/man/man8/runc-guard.8.gz",
+                 "/usr/share/man/man8/runc-guardctl.8.gz", "/usr/share/doc/runc-guard/copyright"):
+        assert path in files, path
+    assert files["/usr/bin/runc-guard"].startswith("-rwxr-xr-x")
+    units = sorted(
+        n for n in os.listdir(os.path.join(PACKAGING, "systemd"))
+        if n.endswith((".service", ".timer", ".socket"))
+    ) if os.path.isdir(os.path.join(PACKAGING, "systemd")) else []
+    assert sorted(os.path.basename(p) for p in files if p.startswith("/lib/systemd/system/")
+                  and not p.endswith("/")) == units
+    assert not any("__pycache__" in p or p.endswith(".pyc") for p in files)
+    control = tmp_path / "control"
+    run(["dpkg-deb", "-e", deb, str(control)])
+    assert (control / "conffiles").read_text().split() == ["/etc/runc-guard/config.toml"]
+
+
+def test_deb_shim_launcher_imports_only_the_shim() -> None:
+    """/usr/bin/runc-guard runs Debian's python3 isolated and imports nothing but the shim."""
+    with open(os.path.join(PACKAGING, "debian", "runc-guard")) as f:
+        text = f.read()
+    assert text.startswith("#!/usr/bin/python3 -I\n")
+    code = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert code == ["import sys", "from runc_guard.shim import main", "sys.exit(main())"]
+
+
+def test_conffile_shows_the_real_defaults() -> None:
+    """Every commented setting in the packaged config.toml is a real key with its real default."""
+    with open(os.path.join(PACKAGING, "debian", "config.toml")) as f:
+        lines = f.read().split("#[runtimes]", 1)[0].splitlines()
+    assigned = [ln[1:] for ln in lines if re.match(r"^#[a-z_]+ = ", ln)]
+    raw = tomlkit.parse("\n".join(assigned)).unwrap()
+    defaults = Settings().as_dict()
+    assert set(raw) == set(defaults) - {"runtimes"}
+    assert settings_from(raw, {}, "packaged").as_dict() == defaults
+
+
+# -- single file ---------------------------------------------------------------------------
+
+def _vendor_deps(target: str) -> None:
+    """Copy the installed runtime dependencies (offline stand-in for pip install --target)."""
+    for dist in ("click", "structlog", "tenacity", "tomlkit", "psutil"):
+        files = importlib.metadata.distribution(dist).files or []
+        for f in files:
+            src = str(f.locate())
+            if "__pycache__" in str(f) or not os.path.isfile(src) or str(f).startswith(".."):
+                continue
+            dst = os.path.join(target, str(f))
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            shutil.copy2(src, dst)
+
+
+@pytest.fixture(scope="module")
+def pyz(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """``build_pyz.py`` output, run by this interpreter (bytecode matches it)."""
+    base = tmp_path_factory.mktemp("rgpkg-pyz")
+    deps = os.path.join(base, "deps")
+    _vendor_deps(deps)
+    out = os.path.join(base, "runc-guard")
+    run([sys.executable, os.path.join(PACKAGING, "single-file", "build_pyz.py"), REPO, deps, out,
+         sys.executable])
+    os.symlink("runc-guard", os.path.join(base, "runc-guardctl"))
+    return out
+
+
+def test_single_file_passthrough_execs_the_runtime(pyz: str, tmp_path: Any) -> None:
+    """The single file execs the runtime with argv unchanged, in the same process."""
+    record = tmp_path / "record"
+    runtime = tmp_path / "fake-runc"
+    runtime.write_text(f'#!/bin/sh\necho "$$ $*" > {record}\n')
+    runtime.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "RUNC_GUARD_RUNTIME": str(runtime),
+           "RUNC_GUARD_CONFIG": str(tmp_path / "none.toml"),
+           "RUNC_GUARD_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen([pyz, "--root", "/r", "exec", "--", "c1", "ls", "-l"], env=env)
+    assert proc.wait(timeout=60) == 0
+    pid, *argv = record.read_text().split()
+    assert int(pid) == proc.pid
+    assert argv == ["--root", "/r", "exec", "--", "c1", "ls", "-l"]
+
+
+def test_single_file_hot_path_stays_small(pyz: str, tmp_path: Any) -> None:
+    """A passthrough through the single file loads no heavy module and no runpy/site."""
+    # -I ignores PYTHONPROFILEIMPORTTIME: an interpreter wrapper adds -X importtime instead.
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} -X importtime "$@"\n')
+    python.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "RUNC_GUARD_RUNTIME": "/bin/true",
+           "RUNC_GUARD_CONFIG": str(tmp_path / "none.toml"),
+           "RUNC_GUARD_CACHE_DIR": str(tmp_path / "cache"), "RUNC_GUARD_PYTHON": str(python)}
+    modules = imported_modules([pyz, "state", "c1"], env)
+    assert "runc_guard.shim" in modules
+    assert not modules & {*HEAVY, "runpy", "site", "zlib"}
+
+
+def test_single_file_admin_tool_and_native_modules(pyz: str, tmp_path: Any) -> None:
+    """Invoked as runc-guardctl it is the admin tool; psutil's .so is extracted and loads."""
+    ctl = os.path.join(os.path.dirname(pyz), "runc-guardctl")
+    cache = tmp_path / "pyz-cache"
+    env = {"PATH": os.environ["PATH"], "RUNC_GUARD_PYZ_CACHE": str(cache)}
+    assert run([ctl, "--version"], env=env).stdout.strip().endswith(runc_guard.__version__)
+    config = tmp_path / "config.toml"
+    config.write_text("")
+    out = run([ctl, "configure", "containerd", "--config", str(config), "--binary", pyz,
+               "--settings", str(tmp_path / "s.toml"), "--config-version", "2", "--dry-run"],
+              env=env).stdout
+    assert f'+BinaryName = "{pyz}"' in out
+    (extracted,) = os.listdir(cache)
+    probe = "import sys; sys.path[:0] = sys.argv[1:]; import psutil; print(psutil.__file__)"
+    where = run([sys.executable, "-IS", "-c", probe, pyz, str(cache / extracted)]).stdout
+    assert where.startswith(str(cache / extracted))
+
+
+# -- DaemonSet installer -------------------------------------------------------------------
+
+def _yaml_documents(path: str) -> list[dict[str, Any]]:
+    """Parse with Debian's python3-yaml (make deps installs it) rather than a new dependency."""
+    code = "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))"
+    return json.loads(run([DEB_PYTHON, "-c", code, path]).stdout)  # type: ignore[no-any-return]
+
+
+def test_daemonset_manifest_matches_image_and_scripts() -> None:
+    """The manifest is valid YAML whose hooks, env and mounts match the image and scripts."""
+    docs = _yaml_documents(os.path.join(PACKAGING, "installer", "daemonset.yaml"))
+    kinds = {(d["apiVersion"], d["kind"]) for d in docs}
+    assert kinds == {("v1", "Namespace"), ("apps/v1", "DaemonSet")}
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= (
+        ds["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert spec["hostPID"] is True
+    (container,) = spec["containers"]
+    assert container["securityContext"]["privileged"] is True
+    with open(os.path.join(PACKAGING, "installer", "Dockerfile")) as f:
+        dockerfile = f.read()
+    prestop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert f"uninstall.sh {prestop[0]}" in dockerfile
+    assert 'ENTRYPOINT ["/usr/local/bin/runc-guard-install"]' in dockerfile
+    for src in re.findall(r"^COPY (?!--from)(\S+)", dockerfile, re.M):
+        assert os.path.exists(os.path.join(REPO, src)), src
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    assert {mounts[n]: host_paths[n] for n in mounts} == {
+        "/host/etc/containerd": "/etc/containerd",
+        "/host/etc/runc-guard": "/etc/runc-guard",
+        "/host/opt/runc-guard": "/opt/runc-guard",
+    }
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["RESTART_CONTAINERD"] == "false"
+    readiness = container["readinessProbe"]["exec"]["command"]
+    with open(os.path.join(PACKAGING, "installer", "install.sh")) as f:
+        assert readiness[-1] in f.read()
+
+
+def test_runtimeclass_names_a_handler_the_examples_define() -> None:
+    """The RuntimeClass's handler exists, fronted by runc-guard, in both containerd examples."""
+    (rc,) = _yaml_documents(os.path.join(REPO, "contrib", "containerd-config", "runtimeclass.yaml"))
+    assert (rc["apiVersion"], rc["kind"]) == ("node.k8s.io/v1", "RuntimeClass")
+    for name, plugin in (("containerd-1.6-1.7.toml", "io.containerd.grpc.v1.cri"),
+                         ("containerd-2.x.toml", "io.containerd.cri.v1.runtime")):
+        with open(os.path.join(REPO, "contrib", "containerd-config", name)) as f:
+            doc = tomlkit.parse(f.read()).unwrap()
+        handler = doc["plugins"][plugin]["containerd"]["runtimes"][rc["handler"]]
+        assert handler["options"]["BinaryName"] == "/usr/bin/runc-guard"
+        assert doc["timeouts"]["io.containerd.timeout.shim.cleanup"] == "5s"
+
+
+@pytest.mark.skipif(shutil.which("containerd") is None, reason="containerd is not installed")
+def test_containerd_accepts_the_16_example() -> None:
+    """containerd 1.6 parses the version-2 example and shows every runc-guard BinaryName."""
+    example = os.path.join(REPO, "contrib", "containerd-config", "containerd-1.6-1.7.toml")
+    dump = run(["containerd", "--config", example, "config", "dump"]).stdout
+    runtimes = tomlkit.parse(dump).unwrap()["plugins"]["io.containerd.grpc.v1.cri"][
+        "containerd"]["runtimes"]
+    assert {k: v["options"]["BinaryName"] for k, v in runtimes.items()} == {
+        "runc": "/usr/bin/runc-guard", "nvidia": "/usr/bin/runc-guard-nvidia",
+        "runc-guard": "/usr/bin/runc-guard",
+    }
+
+
+@pytest.fixture
+def fake_host(tmp_path: Any, shim_binary: str) -> dict[str, str]:
+    """A host root with a containerd config, a payload to install, and recording host commands."""
+    host = tmp_path / "host"
+    (host / "etc/containerd").mkdir(parents=True)
+    payload = tmp_path / "payload"
+    (payload / "opt/runc-guard/bin").mkdir(parents=True)
+    shutil.copy2(shim_binary, payload / "opt/runc-guard/bin/runc-guard")
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    restarts = tmp_path / "restarts"
+    (tools / "systemctl").write_text(f'#!/bin/sh\necho "$*" >> {restarts}\n')
+    # HOST_EXEC stand-in: absolute paths are the host's, so run them below the host root.
+    (tools / "host-exec").write_text(
+        f'#!/bin/sh\ncase "$1" in /*) p="{host}$1"; shift; exec "$p" "$@";; esac\nexec "$@"\n'
+    )
+    for tool in ("systemctl", "host-exec"):
+        (tools / tool).chmod(0o755)
+    env = {
+        "PATH": f"{tools}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+        "HOST_ROOT": str(host), "PAYLOAD": str(payload), "HOST_EXEC": str(tools / "host-exec"),
+        "ONESHOT": "true", "READY_FILE": str(tmp_path / "ready"),
+        "RUNC_GUARD_CONFIG": str(tmp_path / "none.toml"),
+        "RUNC_GUARD_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    return {"host": str(host), "restarts": str(restarts), "ready": str(tmp_path / "ready"),
+            "payload": str(payload), **{f"env:{k}": v for k, v in env.items()}}
+
+
+def _env(fake: dict[str, str], **extra: str) -> dict[str, str]:
+    return {**{k[4:]: v for k, v in fake.items() if k.startswith("env:")}, **extra}
+
+
+def test_installer_scripts_install_and_revert(fake_host: dict[str, str]) -> None:
+    """install.sh copies, checks, configures and restarts; uninstall.sh restores byte for byte."""
+    config = os.path.join(fake_host["host"], "etc/containerd/config.toml")
+    original = b'version = 2\n# node config\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+    with open(config, "wb") as f:
+        f.write(original)
+    env = _env(fake_host, RESTART_CONTAINERD="true")
+    run([os.path.join(PACKAGING, "installer", "install.sh")], env=env)
+    assert os.access(os.path.join(fake_host["host"], "opt/runc-guard/bin/runc-guard"), os.X_OK)
+    with open(config) as f:
+        doc = tomlkit.parse(f.read()).unwrap()
+    runc = doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["runc"]
+    assert runc["options"]["BinaryName"] == "/opt/runc-guard/bin/runc-guard"
+    assert os.path.exists(fake_host["ready"])
+    with open(fake_host["restarts"]) as f:
+        assert f.read().split("\n")[:1] == ["restart containerd"]
+    run([os.path.join(PACKAGING, "installer", "uninstall.sh")], env=env)
+    with open(config, "rb") as f:
+        assert f.read() == original
+    with open(fake_host["restarts"]) as f:
+        assert f.read().splitlines() == ["restart containerd", "restart containerd"]
+
+
+def test_installer_leaves_containerd_alone_when_the_host_cannot_run_it(
+    fake_host: dict[str, str],
+) -> None:
+    """A payload the host cannot execute aborts the install before containerd is touched."""
+    config = os.path.join(fake_host["host"], "etc/containerd/config.toml")
+    with open(config, "w") as f:
+        f.write("version = 2\n")
+    broken = os.path.join(fake_host["payload"], "opt/runc-guard/bin/runc-guard")
+    with open(broken, "w") as f:
+        f.write("#!/nonexistent/python3\n")
+    proc = subprocess.run([os.path.join(PACKAGING, "installer", "install.sh")],
+                          env=_env(fake_host), capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode != 0
+    assert "containerd left unchanged" in proc.stderr
+    with open(config) as f:
+        assert f.read() == "version = 2\n"
+    assert not os.path.exists(fake_host["restarts"])
+
+
+# -- the installed .deb (root: installs into the system) ------------------------------------
+
+def _installed(package: str) -> bool:
+    proc = subprocess.run(["dpkg-query", "-W", "-f", "${Status}", package],
+                          capture_output=True, text=True, check=False)
+    return proc.returncode == 0 and "install ok installed" in proc.stdout
+
+
+@pytest.fixture
+def installed_deb(deb: str) -> Iterator[str]:
+    """The .deb installed with apt (pulling Debian's python3-* libs); purged afterwards."""
+    if _installed("runc-guard"):
+        pytest.skip("runc-guard is already installed on this machine: not ours to remove")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    argv = ["apt-get", "install", "-y", "-qq", deb]
+    try:
+        try:
+            run(argv, env=env, timeout=600)
+        except subprocess.CalledProcessError:  # stale package lists: refresh once
+            run(["apt-get", "update", "-qq"], env=env, timeout=600)
+            run(argv, env=env, timeout=600)
+        yield "/usr/bin/runc-guard"
+    finally:
+        subprocess.run(["apt-get", "remove", "--purge", "-y", "-qq", "runc-guard"], env=env,
+                       capture_output=True, timeout=600, check=False)
+
+
+@pytest.mark.kernel
+def test_installed_deb_removes_cgroups_on_a_slow_delete(installed_deb: str, tmp_path: Any) -> None:
+    """Through the apt-installed /usr/bin/runc-guard a Path B delete leaves no cgroup behind."""
+    from integration.scenario import guard_env, run_leak_scenario
+
+    assert _installed("runc-guard")
+    for dep in DEBIAN_DEPS:
+        assert _installed(dep), dep
+    assert os.path.isdir("/usr/lib/python3/dist-packages/runc_guard/__pycache__")
+    env = guard_env(str(tmp_path))
+    # The hot path of the installed launcher, under Debian's interpreter.
+    modules = imported_modules(
+        [DEB_PYTHON, "-I", "-X", "importtime", installed_deb, "--version"],
+        {**env, "RUNC_GUARD_RUNTIME": "/bin/true"},
+    )
+    assert "runc_guard.shim" in modules
+    assert not modules & set(HEAVY)
+    result = run_leak_scenario(installed_deb, str(tmp_path), 0.5, env)
+    assert result["exit_status"] == 0, result["stderr"]
+    assert result["left"] == []
+    assert run(["/usr/bin/runc-guardctl", "--version"]).stdout.strip().endswith(
+        runc_guard.__version__
+    )
+
+
+@pytest.mark.kernel
+def test_installed_deb_configures_with_debians_tomlkit(installed_deb: str, tmp_path: Any) -> None:
+    """/usr/bin/runc-guardctl (Debian's python3-tomlkit) configures and reverts like the venv."""
+    import tomlkit as venv_tomlkit
+
+    version = run([DEB_PYTHON, "-c", "import tomlkit; print(tomlkit.__version__)"]).stdout.strip()
+    config = tmp_path / "config.toml"
+    original = run(["containerd", "config", "default"]).stdout.encode()
+    original = original.replace(
+        b"      [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes]\n",
+        b"      [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes]\n\n"
+        b"        [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia]\n"
+        b"          runtime_type = \"io.containerd.runc.v2\"\n"
+        b"          [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n"
+        b"            BinaryName = \"/usr/bin/nvidia-container-runtime\"\n",
+    )
+    config.write_bytes(original)
+    # The per-handler link goes next to --binary: keep it out of /usr/bin.
+    binary = tmp_path / "bin" / "runc-guard"
+    binary.parent.mkdir()
+    binary.symlink_to(installed_deb)
+    outputs = {}
+    for tool in ("/usr/bin/runc-guardctl", os.path.join(os.path.dirname(sys.executable),
+                                                         "runc-guardctl")):
+        base = [tool, "configure", "containerd", "--config", str(config), "--binary",
+                str(binary), "--settings", str(tmp_path / "settings.toml")]
+        run(base, env={**os.environ, "RUNC_GUARD_CONFIG": ""})
+        outputs[tool] = config.read_bytes()
+        run([*base, "--revert"])
+        assert config.read_bytes() == original
+    assert len(set(outputs.values())) == 1, f"Debian tomlkit {version} vs {venv_tomlkit}"
+    assert f'BinaryName = "{binary}-nvidia"'.encode() in outputs["/usr/bin/runc-guardctl"]
+    assert not os.path.lexists(f"{binary}-nvidia")
