@@ -1,0 +1,270 @@
+"""The sweep on the real kernel: synthetic kubepods trees with thousands of leaked containers.
+
+Each test builds its trees below a unique ``rgsweep-<uuid>`` parent in every
+hierarchy and points ``runc-guardctl sweep --kubepods`` at it, so nothing but
+what the test made can be touched. Survivors cover every reason to keep a
+container; processes are ``sleep``s started here and killed by their pid.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from integration.lab import cgroup_mount_points, procs, remove_tree, wait_for
+from runc_guard.pending import PendingRecord, write_record
+
+pytestmark = pytest.mark.kernel
+
+CTL = os.path.join(os.path.dirname(sys.executable), "runc-guardctl")
+UNIFIED = "/sys/fs/cgroup/unified"
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex + uuid.uuid4().hex
+
+
+class Trees:
+    """Synthetic cgroup trees below one unique parent per hierarchy; removable whatever happened."""
+
+    def __init__(self, mounts: list[str]) -> None:
+        self.parent = f"rgsweep-{uuid.uuid4().hex[:12]}"
+        self.mounts = mounts
+        self.sleepers: list[subprocess.Popen[bytes]] = []
+
+    def top(self, mount: str) -> str:
+        return os.path.join(mount, self.parent)
+
+    def make(self, relative: str, old: bool = True) -> list[str]:
+        """mkdir ``<mount>/<parent>/<relative>`` in every hierarchy; ``old`` backdates it an hour."""
+        made = []
+        then = time.time() - 3600
+        for mount in self.mounts:
+            path = os.path.join(self.top(mount), relative)
+            os.makedirs(path, exist_ok=True)
+            if old:
+                os.utime(path, (then, then))
+            made.append(path)
+        return made
+
+    def populate(self, path: str) -> int:
+        """Start a sleep and move it into ``path`` (one hierarchy only)."""
+        sleeper = subprocess.Popen(["sleep", "600"])
+        self.sleepers.append(sleeper)
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write(str(sleeper.pid))
+        return sleeper.pid
+
+    def snapshot(self) -> set[str]:
+        found: set[str] = set()
+        for mount in self.mounts:
+            for dirpath, _dirs, _files in os.walk(self.top(mount)):
+                found.add(dirpath)
+        return found
+
+    def destroy(self) -> None:
+        for sleeper in self.sleepers:
+            sleeper.kill()  # by the pid we started
+            sleeper.wait()
+        for mount in self.mounts:
+            wait_for(lambda m=mount: not any(procs(d) for d, _, _ in os.walk(self.top(m))), 10)
+            remove_tree(self.top(mount))
+
+
+@pytest.fixture
+def trees() -> Iterator[Trees]:
+    made = Trees(cgroup_mount_points())
+    try:
+        yield made
+    finally:
+        made.destroy()
+
+
+def one_hierarchy(mounts: list[str]) -> str:
+    """A hierarchy any process can be moved into (v1 cpuset would need cpus/mems first)."""
+    for candidate in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", UNIFIED, "/sys/fs/cgroup"):
+        if candidate in mounts:
+            return candidate
+    raise AssertionError(f"no usable hierarchy in {mounts}")
+
+
+def env_for(tmp_path: Path) -> dict[str, str]:
+    return dict(
+        os.environ,
+        RUNC_GUARD_CONFIG=str(tmp_path / "absent.toml"),
+        RUNC_GUARD_PENDING_DIR=str(tmp_path / "run" / "pending"),
+        RUNC_GUARD_STATS_FILE=str(tmp_path / "run" / "deletes.jsonl"),
+    )
+
+
+def sweep(trees: Trees, tmp_path: Path, *args: str, prefix: tuple[str, ...] = ()) -> str:
+    argv = [
+        *prefix, CTL, "sweep",
+        "--kubepods", f"{trees.parent}/kubepods", "--kubepods", f"{trees.parent}/kubepods.slice",
+        "--runtime-root", str(tmp_path / "runc"), "--bundle-root", str(tmp_path / "bundles"),
+        *args,
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env_for(tmp_path),
+                          timeout=240, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@dataclass
+class Incident:
+    """What build_incident made: the orphans by name, survivors by name -> parent, the record."""
+
+    orphans: set[str]
+    orphan_ids: set[str]
+    survivors: dict[str, str]
+    record: str
+    levels: tuple[str, ...]
+
+
+def build_incident(trees: Trees, tmp_path: Path, count: int) -> Incident:
+    """``count`` leaked containers under one pod, three systemd-driver ones, and every kind of survivor."""
+    pod = "kubepods/burstable/pod0c5e2a51-7e1e-4d5b-9a43-1b2c3d4e5f60"
+    systemd_pod = ("kubepods.slice/kubepods-burstable.slice/"
+                   "kubepods-burstable-pod0c5e2a51_7e1e_4d5b_9a43_1b2c3d4e5f61.slice")
+    orphans = {cid: cid for cid in (new_id() for _ in range(count))}  # dir name -> container id
+    for cid in orphans:
+        trees.make(f"{pod}/{cid}")
+    for kind in ("cri-containerd", "docker", "crio"):
+        cid = new_id()
+        orphans[f"{kind}-{cid}.scope"] = cid
+        trees.make(f"{systemd_pod}/{kind}-{cid}.scope")
+    hierarchy = trees.top(one_hierarchy(trees.mounts))
+    populated, populated_child, stateful, bundled, young = (new_id() for _ in range(5))
+    trees.make(f"{pod}/{populated}")
+    trees.populate(os.path.join(hierarchy, pod, populated))
+    trees.make(f"{pod}/{populated_child}/nested")
+    trees.populate(os.path.join(hierarchy, pod, populated_child, "nested"))
+    trees.make(f"{pod}/{stateful}")
+    (tmp_path / "runc" / "k8s.io" / stateful).mkdir(parents=True)
+    (tmp_path / "runc" / "k8s.io" / stateful / "state.json").write_text("{}")
+    trees.make(f"{pod}/{bundled}")
+    (tmp_path / "bundles" / "k8s.io" / bundled).mkdir(parents=True)
+    trees.make(f"{pod}/{young}", old=False)
+    conmon = f"crio-conmon-{new_id()}.scope"
+    trees.make(f"{systemd_pod}/{conmon}")
+    trees.make(f"{pod}/not-a-container")
+    survivors = {populated: pod, populated_child: pod, stateful: pod, bundled: pod, young: pod,
+                 conmon: systemd_pod, "not-a-container": pod}
+    # A pending record of the shim, for a container outside kubepods.
+    recorded = new_id()
+    orphans[recorded] = recorded
+    record = write_record(
+        str(tmp_path / "run" / "pending"),
+        PendingRecord(recorded, str(tmp_path / "runc" / "default"), trees.make(f"default/{recorded}"),
+                      1, 1, "runc", time.time() - 600),
+    )
+    levels = ("kubepods", "kubepods/burstable", pod, systemd_pod, "kubepods.slice", "default")
+    return Incident(set(orphans), set(orphans.values()), survivors, record, levels)
+
+
+def test_sweep_removes_exactly_the_orphans(trees: Trees, tmp_path: Path) -> None:
+    """2000 leaked containers x every hierarchy go, every survivor stays everywhere; dry run: no change."""
+    hierarchies = len(trees.mounts)
+    incident = build_incident(trees, tmp_path, 2000)
+    expected = len(incident.orphan_ids)
+    before = trees.snapshot()
+    text = sweep(trees, tmp_path, "--dry-run")
+    assert trees.snapshot() == before
+    assert os.path.exists(incident.record)
+    would = [line.split()[2] for line in text.splitlines() if line.startswith("would remove ")]
+    assert len(would) == expected
+    assert set(would) == incident.orphan_ids
+
+    report = json.loads(sweep(trees, tmp_path, "--batch", "4000", "--pause", "0.2",
+                              "--max-sys-percent", "100", "--format", "json"))
+    after = trees.snapshot()
+    gone = before - after
+    assert all(os.path.basename(d) in incident.orphans for d in gone)
+    assert len(gone) == expected * hierarchies
+    for name, parent in incident.survivors.items():
+        for mount in trees.mounts:
+            assert os.path.isdir(os.path.join(trees.top(mount), parent, name)), (mount, name)
+    for level in incident.levels:
+        assert all(os.path.isdir(os.path.join(trees.top(m), level)) for m in trees.mounts)
+    assert not os.path.exists(incident.record)
+    assert (report["found"], report["removed"]) == (expected + 5, expected)
+    assert report["records_cleared"] == 1
+    assert report["dirs_removed"] == expected * hierarchies
+    assert report["kept"] == {"populated": 2, "runtime_state": 1, "bundle": 1, "too_young": 1}
+    assert report["errors"] == []
+
+    batches = report["batches"]
+    units_per_batch = -(-4000 // hierarchies)  # a batch closes once it holds >= 4000 dirs
+    assert len(batches) == -(-expected // units_per_batch)
+    assert sum(b["dirs_removed"] for b in batches) == expected * hierarchies
+    for batch in batches[:-1]:
+        assert 4000 <= batch["dirs_removed"] < 4000 + hierarchies
+        assert batch["pause"] == 0.2
+    for earlier, later in itertools.pairwise(batches):
+        assert later["started"] >= earlier["finished"] + 0.2 - 0.001  # timings are rounded to ms
+    state = json.loads((tmp_path / "run" / "metrics-state.json").read_text())
+    assert (state["sweep"]["runs"], state["sweep"]["dirs_removed"]) == (1, expected * hierarchies)
+
+
+def test_sweep_slows_down_while_sys_percent_is_high(trees: Trees, tmp_path: Path) -> None:
+    """With a 0% limit every batch that used any system CPU is followed by a slowdown, within the cap."""
+    for _ in range(60):
+        trees.make(f"kubepods/besteffort/pod1a2b3c4d/{new_id()}")
+    report = json.loads(sweep(trees, tmp_path, "--batch", "100", "--pause", "0",
+                              "--max-sys-percent", "0", "--max-slowdown", "0.2", "--format", "json"))
+    assert report["removed"] == 60
+    batches: list[dict[str, Any]] = report["batches"]
+    assert len(batches) > 1
+    for batch in batches[:-1]:
+        assert batch["sys_percent"] is not None
+        assert (batch["sys_percent"] > 0) == (batch["slowed"] > 0)
+        assert batch["slowed"] <= 0.2
+    assert batches[-1]["slowed"] == 0 and batches[-1]["sys_percent"] is None
+
+
+@pytest.fixture
+def v2_trees() -> Iterator[Trees]:
+    if UNIFIED not in cgroup_mount_points():
+        pytest.skip("needs the hybrid layout's cgroup2 at /sys/fs/cgroup/unified")
+    made = Trees([UNIFIED])
+    try:
+        yield made
+    finally:
+        made.destroy()
+
+
+PURE_V2 = (
+    "unshare", "-m", "sh", "-c",
+    "mount --make-rprivate / && umount -l /sys/fs/cgroup && "
+    'mount -t cgroup2 none /sys/fs/cgroup && exec "$0" "$@"',
+)
+
+
+def test_pure_v2_in_a_private_mount_namespace(v2_trees: Trees, tmp_path: Path) -> None:
+    """With only cgroup2 at /sys/fs/cgroup the sweep sees one hierarchy and removes the orphans there."""
+    orphans = [new_id() for _ in range(300)]
+    for cid in orphans:
+        v2_trees.make(f"kubepods/burstable/pod5e6f7a8b/{cid}")
+    survivor, young = new_id(), new_id()
+    v2_trees.make(f"kubepods/burstable/pod5e6f7a8b/{survivor}")
+    v2_trees.populate(os.path.join(v2_trees.top(UNIFIED), "kubepods/burstable/pod5e6f7a8b", survivor))
+    v2_trees.make(f"kubepods/burstable/pod5e6f7a8b/{young}", old=False)
+    report = json.loads(sweep(v2_trees, tmp_path, "--pause", "0", "--format", "json", prefix=PURE_V2))
+    assert report["hierarchies"] == ["/sys/fs/cgroup"]
+    assert (report["removed"], report["dirs_removed"]) == (300, 300)
+    assert report["kept"] == {"populated": 1, "too_young": 1}
+    pod_dir = os.path.join(v2_trees.top(UNIFIED), "kubepods/burstable/pod5e6f7a8b")
+    assert sorted(os.path.basename(d) for d in os.scandir(pod_dir) if d.is_dir()) == sorted(
+        [survivor, young]
+    )
