@@ -96,11 +96,16 @@ class Measured:
         return self.utime + self.stime
 
 
-def run_measured(argv: Sequence[str], env: dict[str, str] | None = None) -> Measured:
-    """Like spawn_time, but returns the exit status and wait4's rusage and never raises on status."""
+def run_measured(argv: Sequence[str], env: dict[str, str] | None = None,
+                 stdout_path: str | None = None) -> Measured:
+    """Like spawn_time, but returns the exit status and wait4's rusage and never raises on status.
+
+    stdout goes to ``stdout_path`` when given (e.g. a JSON report), else to /dev/null.
+    """
     devnull = os.open(os.devnull, os.O_WRONLY)
+    out = os.open(stdout_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600) if stdout_path else devnull
     try:
-        actions = [(os.POSIX_SPAWN_DUP2, devnull, 1), (os.POSIX_SPAWN_DUP2, devnull, 2)]
+        actions = [(os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, devnull, 2)]
         start = time.perf_counter()
         pid = os.posix_spawn(argv[0], list(argv), env if env is not None else dict(os.environ),
                              file_actions=actions)
@@ -108,6 +113,8 @@ def run_measured(argv: Sequence[str], env: dict[str, str] | None = None) -> Meas
         elapsed = time.perf_counter() - start
     finally:
         os.close(devnull)
+        if out != devnull:
+            os.close(out)
     return Measured(elapsed, os.waitstatus_to_exitcode(status), usage.ru_utime, usage.ru_stime,
                     usage.ru_maxrss)
 
@@ -256,3 +263,29 @@ finally:
     with open(out, "w") as f:
         f.write("\\n".join(lines) + "\\n")
 """
+
+
+def build_pod_tree(top: str, pod: str, children: int, mounts: Sequence[str]) -> list[str]:
+    """``<mount>/<top>/<pod>/<child>`` for ``children`` 64-hex container ids in every hierarchy.
+
+    The incident's shape (DESIGN.md §1): thousands of empty leftover container
+    cgroups under one pod, in every hierarchy. Returns the pod directories.
+    """
+    import uuid
+
+    ids = [uuid.uuid4().hex + uuid.uuid4().hex for _ in range(children)]
+    pods = []
+    for mount in mounts:
+        path = os.path.join(mount, top, pod)
+        os.makedirs(path, exist_ok=True)
+        pods.append(path)
+        for cid in ids:
+            os.mkdir(os.path.join(path, cid))
+    return pods
+
+
+def phase_stats(samples: Sequence[float]) -> tuple[int, float, float, float]:
+    """(count, p50 ms, p99 ms, max ms) of probe samples in seconds."""
+    if not samples:
+        return 0, float("nan"), float("nan"), float("nan")
+    return len(samples), percentile_ms(samples, 50), percentile_ms(samples, 99), max(samples) * 1000
