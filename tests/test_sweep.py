@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -381,3 +383,75 @@ def test_sweep_lock_is_exclusive(tmp_path: Path) -> None:
         assert info.value.exit_code == EXIT_SWEEP_LOCKED == 75
     with sweep_lock(lock):
         pass
+
+
+# -- the command line -------------------------------------------------------------
+
+CTL = os.path.join(os.path.dirname(sys.executable), "runc-guardctl")
+
+
+def run_ctl(tmp_path: Path, *args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    env = dict(
+        os.environ,
+        RUNC_GUARD_CONFIG=str(tmp_path / "absent.toml"),
+        RUNC_GUARD_PENDING_DIR=str(tmp_path / "run" / "pending"),
+        RUNC_GUARD_STATS_FILE=str(tmp_path / "run" / "deletes.jsonl"),
+        **extra_env,
+    )
+    return subprocess.run([CTL, *args], capture_output=True, text=True, env=env, timeout=60,
+                          check=False)
+
+
+def test_cli_exit_66_without_cgroup_hierarchy(tmp_path: Path) -> None:
+    """Nothing mounted below --cgroup-root: the sweep cannot run, exit 66 and one line saying why."""
+    done = run_ctl(tmp_path, "sweep", "--cgroup-root", str(tmp_path))
+    assert done.returncode == 66
+    assert done.stderr == f"runc-guardctl: no cgroup filesystem is mounted at or below {tmp_path}\n"
+
+
+def test_cli_exit_75_while_another_sweep_runs(tmp_path: Path) -> None:
+    """A second sweep while one holds the node's lock exits 75 (try later) and touches nothing."""
+    with sweep_lock(str(tmp_path / "run" / "sweep.lock")):
+        done = run_ctl(tmp_path, "sweep", "--kubepods", "rgsweep-absent-tree")
+    assert done.returncode == 75
+    assert "another sweep holds" in done.stderr
+
+
+def test_cli_empty_sweep_summary(tmp_path: Path) -> None:
+    """A sweep that finds nothing says so and exits 0."""
+    done = run_ctl(tmp_path, "sweep", "--kubepods", "rgsweep-absent-tree", "--runtime-root",
+                   str(tmp_path), "--bundle-root", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("found 0 container cgroup(s) in ")
+
+
+def test_cli_rejects_escaping_kubepods(tmp_path: Path) -> None:
+    """--kubepods ../x is a usage error (exit 2), before anything is read."""
+    done = run_ctl(tmp_path, "sweep", "--kubepods", "../etc")
+    assert done.returncode == 2
+    assert "not a relative path below a hierarchy" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("words", "cword", "expected"),
+    [("runc-guardctl sw", "1", "plain,sweep"), ("runc-guardctl sweep --dry", "2", "plain,--dry-run"),
+     ("runc-guardctl audit --metrics", "2", "plain,--metrics-file")],
+)
+def test_shell_completion(tmp_path: Path, words: str, cword: str, expected: str) -> None:
+    """bash completion via click's _RUNC_GUARDCTL_COMPLETE knows the new commands and options."""
+    done = run_ctl(tmp_path, _RUNC_GUARDCTL_COMPLETE="bash_complete", COMP_WORDS=words,
+                   COMP_CWORD=cword)
+    assert done.returncode == 0
+    assert expected in done.stdout.splitlines()
+
+
+@pytest.mark.parametrize("command", ["sweep", "audit", "metrics"])
+def test_help_names_defaults_and_exit_codes(tmp_path: Path, command: str) -> None:
+    """Each --help shows defaults an operator can act on and, where relevant, what exits mean."""
+    done = run_ctl(tmp_path, command, "--help")
+    assert done.returncode == 0
+    assert "[default: /sys/fs/cgroup]" in done.stdout
+    if command == "sweep":
+        assert "--dry-run" in done.stdout
+    if command != "metrics":
+        assert "Exit status" in done.stdout
