@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from integration.lab import (
@@ -586,3 +586,33 @@ def in_namespace(lab: Containerd, argv: list[str], timeout: float = 60) -> subpr
         [NSENTER, "-t", str(lab.pid), "-m", "--", *argv], capture_output=True, text=True,
         timeout=timeout, check=False, stdin=subprocess.DEVNULL, env=lab.env,
     )
+
+
+@dataclass
+class StormResult:
+    """Totals of a crash storm through one runtime."""
+
+    runtime: str
+    cycles: int = 0
+    leaked_dirs: int = 0
+    leaking_containers: int = 0
+    waited_ms: list[int] = field(default_factory=list)
+    task_ids: list[str] = field(default_factory=list)
+
+
+def crash_storm(
+    lab: Containerd, ns: str, binary: str, label: str, delays: list[float],
+    progress: Callable[[str, int, int, CrashResult], None] | None = None,
+) -> StormResult:
+    """One Path B crash per delay through ``binary``; leftovers are counted, then removed."""
+    result = StormResult(label)
+    for i, delay in enumerate(delays, 1):
+        crash = path_b_crash(lab, ns, binary, delay)
+        result.cycles += 1
+        result.leaked_dirs += len(crash.left)
+        result.leaking_containers += bool(crash.left)
+        result.task_ids.append(crash.task_id)
+        remove_dirs(crash.left)
+        if progress is not None:
+            progress(label, i, len(delays), crash)
+    return result

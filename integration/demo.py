@@ -18,7 +18,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
 
 from integration import containerd_lab as cl
 from integration.journald import Journald, private_journald
@@ -26,44 +25,19 @@ from integration.journald import available as journald_available
 from integration.lab import FREEZER
 
 
-@dataclass
-class StormResult:
-    runtime: str
-    cycles: int = 0
-    leaked_dirs: int = 0
-    leaking_containers: int = 0
-    waited_ms: list[int] = field(default_factory=list)
-    cleanup_s: list[float] = field(default_factory=list)
-    task_ids: list[str] = field(default_factory=list)
-
-
-def storm(
-    lab: cl.Containerd, ns: str, binary: str, label: str, delays: list[float], quiet: bool = False
-) -> StormResult:
-    """Path B crash cycles through ``binary``; leftovers are counted, then removed."""
-    result = StormResult(label)
-    for i, delay in enumerate(delays, 1):
-        crash = cl.path_b_crash(lab, ns, binary, delay)
-        result.cycles += 1
-        result.leaked_dirs += len(crash.left)
-        result.leaking_containers += bool(crash.left)
-        result.cleanup_s.append(crash.cleanup_s)
-        result.task_ids.append(crash.task_id)
-        cl.remove_dirs(crash.left)
-        if not quiet:
-            print(
-                f"  {label:<11} cycle {i:>2}/{len(delays)}: children die {delay:.1f} s after the"
-                f" shim; {len(crash.left)} cgroup dirs left",
-                flush=True,
-            )
-    return result
+def _progress(label: str, i: int, total: int, crash: cl.CrashResult) -> None:
+    print(
+        f"  {label:<11} cycle {i:>2}/{total}: children die {crash.delay:.1f} s after the"
+        f" shim; {len(crash.left)} cgroup dirs left",
+        flush=True,
+    )
 
 
 def _ms(values: list[int]) -> str:
     return f"{int(statistics.median(values))} ms" if values else "-"
 
 
-def table(results: list[StormResult]) -> str:
+def table(results: list[cl.StormResult]) -> str:
     header = ("runtime", "cycles", "cgroup dirs leaked", "containers leaking", "wait p50",
               "wait max")
     rows = [header]
@@ -117,9 +91,9 @@ def run(cycles: int, seed: int) -> int:
         print(f"{cycles} Path B crash cycles per runtime (init and shim SIGKILLed, "
               f"2 of 3 children dying 0.3-3 s later)\n", flush=True)
         with cl.running_containerd(workdir, settings) as lab, cl.namespace(lab, "rgctd-demo") as ns:
-            stock = storm(lab, ns, cl.STOCK_RUNC, "runc 1.1.5", delays)
+            stock = cl.crash_storm(lab, ns, cl.STOCK_RUNC, "runc 1.1.5", delays, _progress)
             before = len(cl.delete_stats(settings))
-            guard = storm(lab, ns, binary, "runc-guard", delays)
+            guard = cl.crash_storm(lab, ns, binary, "runc-guard", delays, _progress)
             stats = cl.delete_stats(settings)[before:]
             guard.waited_ms = [int(str(s["waited_ms"])) for s in stats]
             outcomes = sorted({str(s["outcome"]) for s in stats})
