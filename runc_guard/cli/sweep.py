@@ -144,12 +144,13 @@ def sweep(
 ) -> None:
     """Remove container cgroups that leaked under kubepods, in every hierarchy.
 
-    A container (one cgroup per hierarchy, named <64-hex id> or
-    cri-containerd-/docker-/crio-<id>.scope) is removed only if, checked again
-    right before its removal, every directory of it and every child is empty in
-    every hierarchy, runc has no state for it, containerd has no bundle for it,
-    and every directory is older than --min-age. Pod- and QoS-level cgroups are
-    never touched. Records the shim left in pending_dir are finished the same way.
+    A container has one cgroup per hierarchy, named by its 64-hex id (bare, or
+    in a cri-containerd-, docker- or crio-<id>.scope). It is removed only if,
+    checked again right before its removal, every directory of it and every
+    child is empty in every hierarchy, runc has no state for it, containerd has
+    no bundle for it, and every directory is older than --min-age. Pod- and
+    QoS-level cgroups are never touched. Records the shim left in pending_dir
+    are finished the same way.
 
     Try --dry-run first. Exit status 0 when the sweep ran (kept cgroups and
     errors are reported, not fatal); non-zero only when it could not run: 66 no
