@@ -218,18 +218,22 @@ def test_sweep_removes_exactly_the_orphans(trees: Trees, tmp_path: Path) -> None
 
 
 def test_sweep_slows_down_while_sys_percent_is_high(trees: Trees, tmp_path: Path) -> None:
-    """With a 0% limit every batch that used any system CPU is followed by a slowdown, within the cap."""
-    for _ in range(60):
+    """With a 0% limit a batch that used measurable system CPU is followed by a slowdown, within the cap."""
+    for _ in range(200):
         trees.make(f"kubepods/besteffort/pod1a2b3c4d/{new_id()}")
-    report = json.loads(sweep(trees, tmp_path, "--batch", "100", "--pause", "0",
+    report = json.loads(sweep(trees, tmp_path, "--batch", "500", "--pause", "0",
                               "--max-sys-percent", "0", "--max-slowdown", "0.2", "--format", "json"))
-    assert report["removed"] == 60
+    assert report["removed"] == 200
     batches: list[dict[str, Any]] = report["batches"]
     assert len(batches) > 1
     for batch in batches[:-1]:
-        assert batch["sys_percent"] is not None
-        assert (batch["sys_percent"] > 0) == (batch["slowed"] > 0)
+        # sys_percent is rounded for the report; the decision used the exact value.
+        if batch["sys_percent"] is not None and batch["sys_percent"] > 0:
+            assert batch["slowed"] > 0
+        if batch["slowed"] == 0:
+            assert batch["sys_percent"] in (None, 0)
         assert batch["slowed"] <= 0.2
+    assert any(b["slowed"] > 0 for b in batches)  # rmdir is system time: some batch measured it
     assert batches[-1]["slowed"] == 0 and batches[-1]["sys_percent"] is None
 
 
