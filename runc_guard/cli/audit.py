@@ -87,7 +87,7 @@ def _print_text(report: AuditReport, quiet: bool) -> None:
         click.echo(f"runtime: {runtime.get('path', '-')} ({runtime.get('version', '')})")
 
 
-@click.command(name="audit")
+@click.command(name="audit", short_help="Report leaked container cgroups, read-only (NPD exit codes).")
 @scan_options
 @judge_options
 @click.option("--metrics-file", type=click.Path(dir_okay=False), metavar="PATH",

@@ -11,7 +11,7 @@ from runc_guard.config import load_settings
 from runc_guard.metrics import export
 
 
-@click.command(name="metrics")
+@click.command(name="metrics", short_help="Write Prometheus metrics for node_exporter's textfile collector.")
 @scan_options
 @judge_options
 @click.option("-o", "--output", default="-", show_default=True, metavar="PATH",

@@ -112,7 +112,7 @@ def _progress(enabled: bool) -> Callable[[int, int], None] | None:
     return show
 
 
-@click.command()
+@click.command(short_help="Remove leaked container cgroups in gentle batches.")
 @scan_options
 @click.option("--batch", default=DEFAULT_BATCH, show_default=True, type=click.IntRange(min=1),
               metavar="DIRS", help="Remove about this many cgroup directories, then pause "
