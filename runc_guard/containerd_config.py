@@ -246,10 +246,8 @@ def _load(files: Sequence[ConfigFile], default_version: int) -> list[_Loaded]:
     for index, f in enumerate(files):
         doc = parse(f.text or "", f.path)
         blank = is_blank(doc)
-        if blank or (index > 0 and "version" not in doc):
-            version = main_version
-        else:
-            version = config_version(doc, f.path)
+        inherits = blank or (index > 0 and "version" not in doc)
+        version = main_version if inherits else config_version(doc, f.path)
         if index == 0:
             main_version = version
         loaded.append(_Loaded(f, doc, version, blank))

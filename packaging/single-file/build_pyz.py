@@ -30,7 +30,9 @@ PRELUDE = """#!/bin/sh
 # python3 imports from through zipimport. Invoked as runc-guardctl (a symlink)
 # it is the admin tool, under any other name the runtime shim. sh never reads
 # past the exec line below; RUNC_GUARD_PYTHON picks another interpreter.
-exec "${RUNC_GUARD_PYTHON:-@PYTHON@}" -IS -c 'import sys; sys.argv[:2] = sys.argv[1:2]; sys.path.insert(0, sys.argv[0]); import _runc_guard_main' "$0" "$@"
+exec "${RUNC_GUARD_PYTHON:-@PYTHON@}" -IS -c \\
+'import sys;sys.argv[:2]=sys.argv[1:2];sys.path.insert(0,sys.argv[0]);import _runc_guard_main' \\
+"$0" "$@"
 """
 NATIVE_SUFFIXES = (".so",)
 
