@@ -5,8 +5,6 @@ PY := $(VENV)/bin/python
 # runc/containerd/crun/busybox-static: the real parts the tests drive; systemd gives
 # systemd-journald and systemd-analyze; python3-venv builds the test venv.
 APT_PACKAGES := runc containerd crun busybox-static python3-venv systemd util-linux procps make
-# python3-yaml: the installer manifests are parsed with Debian's python3 in tests.
-APT_PACKAGES += python3-yaml
 SOURCES := $(shell find runc_guard bin -type f -name '*' -not -name '*.pyc') pyproject.toml
 STAMP := $(VENV)/.installed
 
