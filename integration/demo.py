@@ -33,6 +33,16 @@ def _progress(label: str, i: int, total: int, crash: cl.CrashResult) -> None:
     )
 
 
+def _runc_label() -> str:
+    """``runc 1.1.5``: the stock runtime's own version line."""
+    out = subprocess.run([cl.STOCK_RUNC, "--version"], capture_output=True, text=True,
+                         check=False, timeout=10).stdout
+    words = out.split()
+    if len(words) > 2 and words[:2] == ["runc", "version"]:
+        return "runc " + words[2].split("+")[0]  # Debian: 1.1.5+ds1
+    return "runc"
+
+
 def _ms(values: list[int]) -> str:
     return f"{int(statistics.median(values))} ms" if values else "-"
 
@@ -91,7 +101,7 @@ def run(cycles: int, seed: int) -> int:
         print(f"{cycles} Path B crash cycles per runtime (init and shim SIGKILLed, "
               f"2 of 3 children dying 0.3-3 s later)\n", flush=True)
         with cl.running_containerd(workdir, settings) as lab, cl.namespace(lab, "rgctd-demo") as ns:
-            stock = cl.crash_storm(lab, ns, cl.STOCK_RUNC, "runc 1.1.5", delays, _progress)
+            stock = cl.crash_storm(lab, ns, cl.STOCK_RUNC, _runc_label(), delays, _progress)
             before = len(cl.delete_stats(settings))
             guard = cl.crash_storm(lab, ns, binary, "runc-guard", delays, _progress)
             stats = cl.delete_stats(settings)[before:]
