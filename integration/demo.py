@@ -57,7 +57,10 @@ def table(results: list[cl.StormResult]) -> str:
             _ms(r.waited_ms), f"{max(r.waited_ms)} ms" if r.waited_ms else "- (no wait)",
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

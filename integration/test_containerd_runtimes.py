@@ -69,7 +69,7 @@ def test_stock_crun_leaks(legacy: cl.GuardedLab) -> None:
 @pytest.mark.xfail(
     strict=True,
     reason="runc-guard reads only runc's <root>/<id>/state.json; crun keeps <root>/<id>/status "
-    "with a relative cgroup-path (see docs/containerd-e2e.md)",
+    "with a relative cgroup-path (see docs/demo.md)",
 )
 def test_runc_guard_in_front_of_crun(legacy: cl.GuardedLab) -> None:
     """runc-guard -> crun, chosen by the [runtimes] alias: 0 directories left."""
