@@ -103,8 +103,10 @@ def test_npd_rule_output_fits_on_this_node(tmp_path: Path) -> None:
     ctl = os.path.join(os.path.dirname(sys.executable), "runc-guardctl")
     env = dict(os.environ, RUNC_GUARD_CONFIG=str(tmp_path / "none.toml"),
                RUNC_GUARD_PENDING_DIR=str(tmp_path / "pending"))
-    done = subprocess.run([ctl, *rule["args"]], capture_output=True, text=True, env=env,
-                          timeout=60, check=False)
+    # The rule's arguments, pointed away from the host's /run/containerd (tests never read it).
+    args = [*rule["args"], "--runtime-root", str(tmp_path), "--bundle-root", str(tmp_path)]
+    done = subprocess.run([ctl, *args], capture_output=True, text=True, env=env, timeout=60,
+                          check=False)
     assert done.returncode in (0, 1, 2), done.stderr
     assert done.stdout.count("\n") == 1
     assert len(done.stdout.strip()) <= config["pluginConfig"]["max_output_length"]
