@@ -31,9 +31,11 @@ def shims() -> dict[str, tuple[str, str]]:
     found = {"venv": (os.path.join(os.path.dirname(sys.executable), "runc-guard"), sys.executable)}
     if os.path.exists("/usr/bin/runc-guard"):
         found["deb"] = ("/usr/bin/runc-guard", "/usr/bin/python3")
-    for pyz in ("dist/runc-guard.pyz", "dist/runc-guard"):
-        if os.path.isfile(pyz) and not os.path.isdir(pyz):
-            found["single-file"] = (os.path.abspath(pyz), "/usr/bin/python3")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for pyz in ("dist/runc-guard.pyz", "dist/runc-guard"):  # make single-file's output
+        path = os.path.join(repo, pyz)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            found["single-file"] = (path, "/usr/bin/python3")
             break
     return found
 
