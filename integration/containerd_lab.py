@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from integration.lab import (
     BUSYBOX,
     CGROUP_ROOT,
+    FREEZER,
     FreezerHold,
     cgroup_mount_points,
     procs,
@@ -362,11 +363,20 @@ def run_task(
 
 
 def kill_cgroup_procs(relative: str) -> None:
-    """SIGKILL every process in ``/<relative>`` (and below) in every hierarchy."""
+    """SIGKILL every process in ``/<relative>`` (and below) in every hierarchy.
+
+    A process of ours may still sit in a frozen freezer hold that a failed test
+    did not destroy; moving it to the (thawed) freezer root thaws only it, so its
+    SIGKILL can land.
+    """
     from integration.lab import dirs_named
 
     for d in dirs_named(relative):
         for pid in procs(d):
+            if os.path.isdir(FREEZER):
+                with contextlib.suppress(OSError), \
+                        open(os.path.join(FREEZER, "cgroup.procs"), "w") as f:
+                    f.write(str(pid))
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
