@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 
@@ -37,6 +38,33 @@ def test_runc_guard_in_front_of_a_wrapper(guarded: cl.GuardedLab, ctd: cl.Contai
         assert [s["outcome"] for s in stats] == ["removed"]
     finally:
         cl.remove_dirs(crash.left)
+
+
+@pytest.fixture(scope="module")
+def runtime_from_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cl.GuardedLab]:
+    """containerd whose environment names the wrapper in RUNC_GUARD_RUNTIME."""
+    workdir = str(tmp_path_factory.mktemp("rgctd-envruntime"))
+    wrapper = os.path.join(workdir, "stand-in-wrapper")  # written by guarded_containerd
+    try:
+        with cl.guarded_containerd(workdir, RUNC_GUARD_RUNTIME=wrapper) as lab:
+            yield lab
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_runc_guard_runtime_variable_puts_the_wrapper_behind_it(
+    runtime_from_env: cl.GuardedLab,
+) -> None:
+    """runc-guard itself as BinaryName, RUNC_GUARD_RUNTIME=<wrapper>: 0 directories left."""
+    lab = runtime_from_env.containerd
+    with cl.namespace(lab) as ns:
+        crash = cl.path_b_crash(lab, ns, cl.guard_binary(), delay=1.5)
+        try:
+            assert crash.left == []
+            calls = cl.wrapper_calls(runtime_from_env.workdir)
+            assert any(f"delete --force {crash.task_id}" in c for c in calls), calls
+        finally:
+            cl.remove_dirs(crash.left)
 
 
 @pytest.fixture(scope="module")
