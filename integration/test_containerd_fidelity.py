@@ -72,7 +72,7 @@ def test_direct_runtime_calls_match_stock_runc(ctd: cl.Containerd, ns: str) -> N
         ["kill", task.id, "NOSUCHSIGNAL"],
         ["no-such-command"],
     ]
-    results = {}
+    results: dict[str, list[tuple[str, int, str, str]]] = {}
     for binary in (cl.STOCK_RUNC, cl.guard_binary()):
         results[binary] = []
         for args in calls:
