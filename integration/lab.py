@@ -278,3 +278,95 @@ def container_with_hold(
     finally:
         hold.destroy()
         ctr.destroy()
+
+
+@dataclass
+class CraftedContainer:
+    """Real cgroup dirs in every hierarchy plus a runc-like state.json naming them.
+
+    For fault tests that need exact control: the 'runtime' is a script, and the
+    only processes inside are ones the test started and moved there by pid.
+    """
+
+    id: str
+    root: str
+    relative: str
+    dirs: list[str]
+    started: list[subprocess.Popen] = field(default_factory=list)  # type: ignore[type-arg]
+
+    def dir_in(self, hierarchy: str) -> str:
+        return next(d for d in self.dirs if f"/{hierarchy}/" in d)
+
+    def add_process(self, hierarchies: tuple[str, ...] = ("memory", "unified")) -> subprocess.Popen:  # type: ignore[type-arg]
+        """Start ``sleep`` and move it into this container's cgroup in ``hierarchies``."""
+        proc = subprocess.Popen(["sleep", "600"])
+        self.started.append(proc)
+        for hierarchy in hierarchies:
+            with open(os.path.join(self.dir_in(hierarchy), "cgroup.procs"), "w") as f:
+                f.write(str(proc.pid))
+        return proc
+
+    def state_path(self) -> str:
+        return os.path.join(self.root, self.id, "state.json")
+
+    def cleanup(self) -> None:
+        # thaw first: a SIGKILLed process in a frozen cgroup cannot be reaped
+        for d in self.dirs:
+            frozen = os.path.join(d, "freezer.state")
+            if os.path.exists(frozen):
+                with open(frozen, "w") as f:
+                    f.write("THAWED")
+            if os.path.exists(os.path.join(d, "cgroup.freeze")):
+                with open(os.path.join(d, "cgroup.freeze"), "w") as f:
+                    f.write("0")
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for d in self.dirs:
+            wait_for(lambda d=d: not procs(d), 5)  # type: ignore[misc]
+            remove_tree(d)
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(d))
+
+
+@contextlib.contextmanager
+def crafted_container(workdir: str, init_pid: int = 1) -> Iterator[CraftedContainer]:
+    """A CraftedContainer that is always cleaned up."""
+    cid = unique("rgtest-crafted")
+    relative = f"/{cid}-parent/{cid}"
+    root = os.path.join(workdir, "root")
+    paths: dict[str, str] = {}
+    made: list[str] = []
+    ctr = CraftedContainer(cid, root, relative, made)
+    try:
+        for mount in cgroup_mount_points():
+            path = os.path.join(mount, relative.strip("/"))
+            os.makedirs(path)
+            made.append(path)
+            name = os.path.basename(mount)
+            key = "" if name == "unified" or mount == CGROUP_ROOT else name
+            paths["name=systemd" if key == "systemd" else key] = path
+        os.makedirs(os.path.join(root, cid))
+        with open(ctr.state_path(), "w") as f:
+            json.dump(
+                {
+                    "id": cid,
+                    "init_process_pid": init_pid,
+                    "init_process_start": 1,
+                    "cgroup_paths": paths,
+                    "config": {"cgroups": {"path": relative}},
+                },
+                f,
+            )
+        yield ctr
+    finally:
+        ctr.cleanup()
+
+
+def script(path: str, body: str) -> str:
+    """An executable /bin/sh script at ``path`` (a stand-in runtime)."""
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\n" + body + "\n")
+    os.chmod(path, 0o755)
+    return path

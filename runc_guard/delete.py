@@ -252,7 +252,10 @@ def run_delete(
         settings = settings_from(raw, environ, config_path(environ))  # type: ignore[arg-type]
     except ConfigError as exc:
         config_error = exc
-        settings = Settings()
+        try:  # the file is bad: keep what the environment says (paths above all)
+            settings = settings_from({}, environ, "(environment only)")
+        except ConfigError:
+            settings = Settings()
     try:
         return DeleteRun(invocation, args, runtime, settings, config_error, environ).run()
     except Exception as exc:  # noqa: BLE001 - the boundary: no traceback may reach containerd

@@ -13,7 +13,7 @@ from runc_guard.errors import RuntimeNotFound
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from typing import NoReturn
 
 DEFAULT_RUNTIME = "runc"
@@ -110,6 +110,26 @@ def exec_runtime(path: str, args: Sequence[str], environ: Mapping[str, str]) -> 
     os.execve(path, [path, *args], environ)
 
 
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """preexec_fn: SIGKILL the runtime if runc-guard dies, as go-runc's Pdeathsig would.
+
+    go-runc starts its runtime with ``Pdeathsig=SIGKILL`` and kills it at the
+    caller's deadline. It now kills runc-guard instead, so the real runtime must
+    die with us, or a hung runtime would outlive the deadline containerd set.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+
+    def set_pdeathsig() -> None:
+        libc.prctl(pr_set_pdeathsig, 9, 0, 0, 0)
+        if os.getppid() != parent:  # we died before prctl took effect
+            os._exit(128 + 9)
+
+    return set_pdeathsig
+
+
 def run_runtime_child(path: str, args: Sequence[str], environ: Mapping[str, str]) -> int:
     """Run the runtime as a child with our argv/env/fds; return its status as a shell would.
 
@@ -138,7 +158,12 @@ def run_runtime_child(path: str, args: Sequence[str], environ: Mapping[str, str]
         _restore_inherited_signals()
         # close_fds=False: the console socket, --preserve-fds and pid-file fds
         # the caller handed us must reach the runtime as they would by exec.
-        child = subprocess.Popen([path, *args], env=dict(environ), close_fds=False)
+        child = subprocess.Popen(
+            [path, *args],
+            env=dict(environ),
+            close_fds=False,
+            preexec_fn=_die_with_parent(os.getpid()),  # noqa: PLW1509 - single-threaded; see docstring
+        )
         for signum in pending:
             child.send_signal(signum)
         status = child.wait()

@@ -14,12 +14,20 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
 from integration import journald as jd
-from integration.lab import RUNC, cgroup_mount_points, procs, read_jsonl, remove_tree, wait_for
+from integration.lab import (
+    RUNC,
+    cgroup_mount_points,
+    crafted_container,
+    procs,
+    read_jsonl,
+    remove_tree,
+    script,
+    wait_for,
+)
 from integration.scenario import guard_env, run_leak_scenario
 
 pytestmark = pytest.mark.kernel
@@ -141,150 +149,59 @@ class ForeignProcess:
             self.proc.wait()
 
 
-def _fake_state(root: str, cid: str, relative: str, init_pid: int) -> list[str]:
-    """A runc-like state.json naming real cgroups we created (empty but for what the test adds)."""
-    paths = {}
-    made = []
-    for mount in cgroup_mount_points():
-        path = os.path.join(mount, relative.strip("/"))
-        os.makedirs(path)
-        made.append(path)
-        key = "" if mount.endswith("unified") else os.path.basename(mount)
-        key = "name=systemd" if key == "systemd" else key
-        paths[key] = path
-    os.makedirs(os.path.join(root, cid))
-    with open(os.path.join(root, cid, "state.json"), "w") as f:
-        json.dump(
-            {
-                "id": cid,
-                "init_process_pid": init_pid,
-                "init_process_start": 1,
-                "cgroup_paths": paths,
-                "config": {"cgroups": {"path": relative}},
-            },
-            f,
-        )
-    return made
-
-
 def test_recycled_init_pid_is_never_signalled(shim_binary: str, workdir: str) -> None:
     """A recycled init pid (unrelated process outside the cgroup) survives; a straggler inside dies."""
     foreign = ForeignProcess()
-    straggler = ForeignProcess()
-    cid = f"rgtest-{uuid.uuid4().hex[:8]}"
-    relative = f"/{cid}-parent/{cid}"
-    root = os.path.join(workdir, "root")
-    made: list[str] = []
     try:
-        made = _fake_state(root, cid, relative, foreign.proc.pid)
-        memory = next(p for p in made if "/memory/" in p)
-        with open(os.path.join(memory, "cgroup.procs"), "w") as f:
-            f.write(str(straggler.proc.pid))
-        env = guard_env(workdir, RUNC_GUARD_RUNTIME="/bin/true")
-        proc = subprocess.run(
-            [shim_binary, "--root", root, "delete", "--force", cid],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=False,
-            timeout=30,
-        )
-        assert proc.returncode == 0, proc.stderr
-        assert foreign.proc.poll() is None, "the recycled pid was signalled"
-        assert wait_for(lambda: straggler.proc.poll() is not None, 5)
-        assert straggler.proc.returncode == -signal.SIGKILL
-        assert not any(os.path.exists(p) for p in made)
+        with crafted_container(workdir, init_pid=foreign.proc.pid) as ctr:
+            straggler = ctr.add_process()
+            env = guard_env(workdir, RUNC_GUARD_RUNTIME="/bin/true")
+            proc = subprocess.run([shim_binary, "--root", ctr.root, "delete", "--force", ctr.id],
+                                  capture_output=True, text=True, env=env, check=False, timeout=30)
+            assert proc.returncode == 0, proc.stderr
+            assert foreign.proc.poll() is None, "the recycled pid was signalled"
+            assert wait_for(lambda: straggler.poll() is not None, 5)
+            assert straggler.returncode == -signal.SIGKILL
+            assert not any(os.path.exists(p) for p in ctr.dirs)
     finally:
         foreign.stop()
-        straggler.stop()
-        for path in made:
-            remove_tree(path)
-            parent = os.path.dirname(path)
-            if os.path.isdir(parent):
-                os.rmdir(parent)
 
 
 def test_tampered_state_touches_nothing(shim_binary: str, workdir: str) -> None:
     """state.json aiming at a parent cgroup: exit 65, runtime not run, sibling process untouched."""
-    sibling = ForeignProcess()
-    cid = f"rgtest-{uuid.uuid4().hex[:8]}"
-    root = os.path.join(workdir, "root")
-    made: list[str] = []
-    try:
-        made = _fake_state(root, cid, f"/{cid}-parent/{cid}", 1)
-        memory = next(p for p in made if "/memory/" in p)
-        with open(os.path.join(memory, "cgroup.procs"), "w") as f:
-            f.write(str(sibling.proc.pid))
-        state_path = os.path.join(root, cid, "state.json")
-        with open(state_path) as f:
+    with crafted_container(workdir) as ctr:
+        sibling = ctr.add_process(("memory",))
+        with open(ctr.state_path()) as f:
             doc = json.load(f)
-        doc["cgroup_paths"]["memory"] = os.path.dirname(memory)  # the parent: not the container
-        with open(state_path, "w") as f:
+        doc["cgroup_paths"]["memory"] = os.path.dirname(ctr.dir_in("memory"))  # not the container
+        with open(ctr.state_path(), "w") as f:
             json.dump(doc, f)
         marker = os.path.join(workdir, "runtime-ran")
-        runtime = os.path.join(workdir, "fake-runtime")
-        with open(runtime, "w") as f:
-            f.write(f"#!/bin/sh\ntouch {marker}\n")
-        os.chmod(runtime, 0o755)
+        runtime = script(os.path.join(workdir, "fake-runtime"), f"touch {marker}")
         env = guard_env(workdir, RUNC_GUARD_RUNTIME=runtime)
-        proc = subprocess.run(
-            [shim_binary, "--root", root, "delete", "--force", cid],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=False,
-        )
+        proc = subprocess.run([shim_binary, "--root", ctr.root, "delete", "--force", ctr.id],
+                              capture_output=True, text=True, env=env, check=False)
         assert proc.returncode == 65
-        assert not os.path.exists(marker), "the runtime must not run on tampered state"
         assert "refusing cgroup path" in proc.stderr and "Traceback" not in proc.stderr
-        assert sibling.proc.poll() is None
-        assert all(os.path.isdir(p) for p in made)
-    finally:
-        sibling.stop()
-        for path in made:
-            remove_tree(path)
-            parent = os.path.dirname(path)
-            if os.path.isdir(parent):
-                os.rmdir(parent)
+        assert not os.path.exists(marker), "the runtime must not run on tampered state"
+        assert sibling.poll() is None
+        assert all(os.path.isdir(p) for p in ctr.dirs)
 
 
 def test_sigterm_during_wait_keeps_record(shim_binary: str, workdir: str) -> None:
     """SIGTERM while waiting for a held cgroup: exit 143, record kept for the sweep, clear reason."""
-    straggler = ForeignProcess()
-    cid = f"rgtest-{uuid.uuid4().hex[:8]}"
-    root = os.path.join(workdir, "root")
-    made: list[str] = []
-    try:
-        made = _fake_state(root, cid, f"/{cid}-parent/{cid}", 1)
-        memory = next(p for p in made if "/memory/" in p)
-        with open(os.path.join(memory, "cgroup.procs"), "w") as f:
-            f.write(str(straggler.proc.pid))
-        env = guard_env(
-            workdir,
-            RUNC_GUARD_RUNTIME="/bin/true",
-            RUNC_GUARD_KILL_STRAGGLERS="false",
-            RUNC_GUARD_DELETE_TIMEOUT="30",
-        )
-        proc = subprocess.Popen(
-            [shim_binary, "--root", root, "delete", "--force", cid],
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
+    with crafted_container(workdir) as ctr:
+        straggler = ctr.add_process()
+        env = guard_env(workdir, RUNC_GUARD_RUNTIME="/bin/true", RUNC_GUARD_KILL_STRAGGLERS="false",
+                        RUNC_GUARD_DELETE_TIMEOUT="30")
+        proc = subprocess.Popen([shim_binary, "--root", ctr.root, "delete", "--force", ctr.id],
+                                stderr=subprocess.PIPE, text=True, env=env)
         pending = os.path.join(workdir, "pending")
-        assert wait_for(lambda: os.path.isdir(pending) and os.listdir(pending), 10)
+        assert wait_for(lambda: os.path.isdir(pending) and bool(os.listdir(pending)), 10)
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=10)
         assert proc.returncode == 128 + signal.SIGTERM
         assert "interrupted by SIGTERM" in err
         assert len(os.listdir(pending)) == 1
-        assert straggler.proc.poll() is None  # kill_stragglers=false respected
-    finally:
-        straggler.stop()
-        for path in made:
-            wait_for(lambda p=path: not procs(p), 5)  # type: ignore[misc]
-            remove_tree(path)
-            parent = os.path.dirname(path)
-            if os.path.isdir(parent):
-                os.rmdir(parent)
+        assert straggler.poll() is None  # kill_stragglers=false respected
