@@ -19,7 +19,9 @@ import pytest
 
 from integration.lab import (
     RuncContainer,
+    container_with_hold,
     crafted_container,
+    procs,
     read_jsonl,
     script,
     wait_for,
@@ -301,3 +303,37 @@ def test_bad_settings_on_delete_still_cleans_and_says_so(shim_binary: str, workd
         assert proc.returncode == 78
         assert "delete_timout" in proc.stderr
         assert not any(os.path.exists(d) for d in ctr.dirs)
+
+
+def test_sigkill_mid_wait_then_sweep_finishes(shim_binary: str, workdir: str) -> None:
+    """Fault: runc-guard SIGKILLed mid-wait (go-runc deadline): record survives, the sweep removes all."""
+    ctl = os.path.join(os.path.dirname(shim_binary), "runc-guardctl")
+    with container_with_hold(workdir, children=3, held=2) as (ctr, hold):
+        os.kill(ctr.init_pid(), signal.SIGKILL)
+        env = guard_env(workdir, RUNC_GUARD_DELETE_TIMEOUT="60")
+        proc = subprocess.Popen([shim_binary, "--root", ctr.root, "delete", "--force", ctr.id], env=env)
+        try:
+            # wait until runc has run (its state is gone) and runc-guard is waiting on the held pids
+            assert wait_for(lambda: not os.path.exists(os.path.join(ctr.root, ctr.id)), 20)
+            time.sleep(0.3)
+            proc.kill()
+            proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        pending = os.path.join(workdir, "pending")
+        assert len(os.listdir(pending)) == 1
+        assert ctr.cgroup_dirs(), "the held processes must still pin the cgroups here"
+        hold.release()
+        assert wait_for(lambda: not any(procs(d) for d in ctr.cgroup_dirs()), 10)
+        empty = os.path.join(workdir, "empty")
+        os.mkdir(empty)
+        sweep = subprocess.run(
+            [ctl, "sweep", "--min-age", "0", "--pause", "0", "--runtime-root", empty, "--bundle-root", empty,
+             "--format", "json"],
+            capture_output=True, text=True, env=env, check=False, timeout=120,
+        )
+        assert sweep.returncode == 0, sweep.stderr
+        assert ctr.cgroup_dirs() == [], sweep.stdout
+        assert os.listdir(pending) == []
