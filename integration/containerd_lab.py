@@ -35,6 +35,7 @@ from integration.lab import (
     FREEZER,
     FreezerHold,
     cgroup_mount_points,
+    dirs_named,
     procs,
     remove_tree,
     unique,
@@ -290,8 +291,6 @@ class Task:
 
     def cgroup_dirs(self) -> list[str]:
         """Every directory of this task's cgroup (and below) in every hierarchy, host view."""
-        from integration.lab import dirs_named
-
         return dirs_named(self.cgroup_relative)
 
     def main_cgroup(self) -> str:
@@ -369,8 +368,6 @@ def kill_cgroup_procs(relative: str) -> None:
     did not destroy; moving it to the (thawed) freezer root thaws only it, so its
     SIGKILL can land.
     """
-    from integration.lab import dirs_named
-
     for d in dirs_named(relative):
         for pid in procs(d):
             if os.path.isdir(FREEZER):
@@ -383,8 +380,6 @@ def kill_cgroup_procs(relative: str) -> None:
 
 def remove_namespace(lab: Containerd, namespace: str) -> None:
     """Remove every task, container and cgroup of a containerd namespace, whatever state."""
-    from integration.lab import dirs_named
-
     kill_cgroup_procs(namespace)
     if lab.alive():
         for _ in range(3):
