@@ -59,6 +59,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
             terminalreporter.write_line(line)
 
 
+@pytest.fixture
+def summary(request: pytest.FixtureRequest) -> list[str]:
+    """Lines shown in pytest's terminal summary, e.g. the storm's numbers."""
+    return request.config.stash[SUMMARY_KEY]
+
+
 @pytest.fixture(scope="session")
 def journal() -> Iterator[Journald | None]:
     """A private journald for the session, or None where the machine has none."""

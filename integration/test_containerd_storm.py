@@ -9,7 +9,6 @@ import statistics
 import pytest
 
 from integration import containerd_lab as cl
-from integration.conftest import SUMMARY_KEY
 
 pytestmark = pytest.mark.kernel
 
@@ -17,7 +16,7 @@ CYCLES = int(os.environ.get("RGCTD_STORM_CYCLES", "50"))
 
 
 def test_storm_leaves_nothing_where_stock_runc_leaks(
-    request: pytest.FixtureRequest, guarded: cl.GuardedLab, ctd: cl.Containerd, ns: str
+    summary: list[str], guarded: cl.GuardedLab, ctd: cl.Containerd, ns: str
 ) -> None:
     """The same 50 crashes: stock runc leaks, runc-guard leaves 0 directories and 0 records."""
     seed = random.SystemRandom().randrange(1 << 30)
@@ -31,7 +30,7 @@ def test_storm_leaves_nothing_where_stock_runc_leaks(
     outcomes = sorted(str(s["outcome"]) for s in stats)
     records = [r for r in cl.pending_records(guarded.settings)
                if r.split("@")[0] in set(guard.task_ids)]
-    request.config.stash[SUMMARY_KEY].extend([
+    summary.extend([
         f"storm of {CYCLES} Path B crashes, teardown delays 0.3-3 s (seed {seed}):",
         f"  runc 1.1.5: {stock.leaked_dirs} cgroup dirs leaked by "
         f"{stock.leaking_containers}/{CYCLES} containers",
