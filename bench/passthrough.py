@@ -22,7 +22,8 @@ COMMANDS = {
     "state": lambda c: ["--root", c.root, "state", c.id],
     "list": lambda c: ["--root", c.root, "list"],
     "ps": lambda c: ["--root", c.root, "ps", c.id],
-    "exec": lambda c: ["--root", c.root, "exec", c.id, "true"],
+    # the lab rootfs has only the busybox applets sh, sleep and cat (no `true`)
+    "exec": lambda c: ["--root", c.root, "exec", c.id, "sleep", "0"],
 }
 
 
