@@ -94,11 +94,6 @@ def test_stock_crun_leaks(legacy: cl.GuardedLab) -> None:
             cl.remove_dirs(crash.left)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runc-guard reads only runc's <root>/<id>/state.json; crun keeps <root>/<id>/status "
-    "with a relative cgroup-path (see docs/demo.md)",
-)
 def test_runc_guard_in_front_of_crun(legacy: cl.GuardedLab) -> None:
     """runc-guard -> crun, chosen by the [runtimes] alias: 0 directories left."""
     lab = legacy.containerd

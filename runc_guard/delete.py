@@ -39,7 +39,7 @@ from runc_guard.paths import check_container_paths
 from runc_guard.pending import PendingRecord, record_path, remove_record, write_record
 from runc_guard.runtime import run_runtime_child
 from runc_guard.settings_file import config_path
-from runc_guard.state import read_state, state_file
+from runc_guard.state import read_state, runtime_state_exists
 
 PROG = "runc-guard"
 
@@ -148,7 +148,7 @@ class DeleteRun:
         if self.config_error is not None:
             self.log.error("config_invalid", reason=str(self.config_error))
         try:
-            state = read_state(self.invocation.root, self.container_id)
+            state = read_state(self.invocation.root, self.container_id, cgroup_mounts)
         except StateUnreadable as exc:
             self.log.warning("state_unreadable", reason=str(exc))
             status = run_runtime_child(self.runtime, self.args, self.environ)
@@ -193,7 +193,7 @@ class DeleteRun:
         """Keep the record only if the runtime lost its state but a cgroup is still there."""
         if record is None:
             return
-        state_gone = not os.path.exists(state_file(self.invocation.root, self.container_id))
+        state_gone = not runtime_state_exists(self.invocation.root, self.container_id)
         if state_gone and any(fs.exists(p) for p in paths):
             self.canonical["pending_record"] = record
         else:

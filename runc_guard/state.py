@@ -1,8 +1,11 @@
-"""Read what runc recorded about a container in ``<root>/<id>/state.json``.
+"""Read what the runtime recorded about a container: runc's ``state.json`` or crun's ``status``.
 
-The file is untrusted input: it is parsed with a size cap and every field is
-type-checked here; whether the cgroup paths are safe to act on is decided
-separately (``cgroups.check_container_paths``).
+runc keeps ``<root>/<id>/state.json`` with an absolute cgroup path per hierarchy.
+crun keeps ``<root>/<id>/status`` with one ``cgroup-path`` relative to every
+cgroup mount (it places a container at the same place in each hierarchy it
+uses), its init ``pid`` and ``process-start-time``. Both files are untrusted
+input: parsed with a size cap and every field type-checked here; whether the
+cgroup paths are safe to act on is decided separately (``paths``).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from runc_guard.errors import StateUnreadable
@@ -100,15 +104,72 @@ def parse_state(raw: bytes, container_id: str, path: str = "state.json") -> Cont
     )
 
 
-def read_state(root: str, container_id: str) -> ContainerState:
-    """Read and validate runc's state for ``container_id`` under ``root``."""
-    path = state_file(root, container_id)
+def crun_status_file(root: str, container_id: str) -> str:
+    return os.path.join(root, container_id, "status")
+
+
+def parse_crun_status(
+    raw: bytes, container_id: str, mounts: Mapping[str, str], path: str = "status"
+) -> ContainerState:
+    """crun's status: the relative ``cgroup-path`` joined to every cgroup mount point."""
     try:
-        raw = _read_capped(path)
+        doc = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise StateUnreadable(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise StateUnreadable(f"{path}: expected a JSON object")
+    relative = doc.get("cgroup-path")
+    pid = doc.get("pid")
+    start = doc.get("process-start-time", 0)
+    if not isinstance(relative, str) or not relative.startswith("/") or relative == "/":
+        raise StateUnreadable(f"{path}: cgroup-path must be a cgroup below the root, got {relative!r}")
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid < 0:
+        raise StateUnreadable(f"{path}: pid must be a pid, got {pid!r}")
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise StateUnreadable(f"{path}: process-start-time must be clock ticks, got {start!r}")
+    return ContainerState(
+        container_id=container_id,
+        cgroup_paths={mount: mount.rstrip("/") + relative for mount in sorted(mounts)},
+        init_pid=pid,
+        init_start=start,
+        cgroups_path=relative,
+    )
+
+
+def runtime_state_exists(root: str, container_id: str) -> bool:
+    """Whether the runtime (runc or crun) still has state for the container."""
+    return os.path.exists(state_file(root, container_id)) or os.path.exists(
+        crun_status_file(root, container_id)
+    )
+
+
+def _read(path: str) -> bytes | None:
+    """The file's bytes; None when it does not exist; StateUnreadable when it cannot be read."""
+    try:
+        return _read_capped(path)
     except FileNotFoundError:
-        raise StateUnreadable(f"no runtime state at {path}") from None
+        return None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise StateUnreadable(f"{path} is a symlink: not following it") from None
         raise StateUnreadable(f"cannot read {path}: {exc.strerror}") from None
-    return parse_state(raw, container_id, path)
+
+
+def read_state(
+    root: str, container_id: str, mounts: Callable[[], Mapping[str, str]] | None = None
+) -> ContainerState:
+    """Read and validate the runtime's state for ``container_id`` under ``root``.
+
+    runc's state.json first; crun's status when ``mounts`` (the cgroup mount
+    points, needed to place crun's relative path) is given.
+    """
+    path = state_file(root, container_id)
+    raw = _read(path)
+    if raw is not None:
+        return parse_state(raw, container_id, path)
+    if mounts is not None:
+        crun_path = crun_status_file(root, container_id)
+        raw = _read(crun_path)
+        if raw is not None:
+            return parse_crun_status(raw, container_id, mounts(), crun_path)
+    raise StateUnreadable(f"no runtime state at {path}")

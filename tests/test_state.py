@@ -8,7 +8,7 @@ import os
 import pytest
 
 from runc_guard.errors import StateUnreadable
-from runc_guard.state import MAX_STATE_BYTES, parse_state, read_state
+from runc_guard.state import MAX_STATE_BYTES, parse_crun_status, parse_state, read_state
 
 GOOD = {
     "id": "c1",
@@ -100,3 +100,42 @@ def test_parse_state_ignores_unrelated_fields() -> None:
     """Fields runc-guard does not use may be anything."""
     doc = {**GOOD, "config": "whatever", "namespace_paths": None}
     assert parse_state(json.dumps(doc).encode(), "c1").cgroups_path == ""
+
+
+CRUN = {"pid": 7311, "process-start-time": 209325, "cgroup-path": "/k/c1", "systemd-cgroup": False}
+MOUNTS = {"/sys/fs/cgroup/memory": "cgroup", "/sys/fs/cgroup/pids": "cgroup"}
+
+
+def test_reads_crun_status(tmp_path: os.PathLike[str]) -> None:
+    """crun's <root>/<id>/status: its relative cgroup-path placed under every cgroup mount."""
+    os.makedirs(os.path.join(tmp_path, "c1"))
+    with open(os.path.join(tmp_path, "c1", "status"), "w") as f:
+        json.dump(CRUN, f)
+    state = read_state(str(tmp_path), "c1", lambda: MOUNTS)
+    assert state.cgroup_paths == {m: m + "/k/c1" for m in MOUNTS}
+    assert (state.init_pid, state.init_start, state.cgroups_path) == (7311, 209325, "/k/c1")
+
+
+def test_runc_state_wins_over_crun_status(tmp_path: os.PathLike[str]) -> None:
+    """With both files present, runc's state.json is what runc-guard reads."""
+    write_state(str(tmp_path), GOOD)
+    with open(os.path.join(tmp_path, "c1", "status"), "w") as f:
+        json.dump(CRUN, f)
+    assert read_state(str(tmp_path), "c1", lambda: MOUNTS).init_pid == 4242
+
+
+@pytest.mark.parametrize(
+    ("doc", "needle"),
+    [
+        ({**CRUN, "cgroup-path": "k/c1"}, "cgroup-path"),
+        ({**CRUN, "cgroup-path": "/"}, "cgroup-path"),
+        ({**CRUN, "cgroup-path": None}, "cgroup-path"),
+        ({**CRUN, "pid": "1"}, "pid"),
+        ({**CRUN, "process-start-time": -5}, "process-start-time"),
+        ([], "JSON object"),
+    ],
+)
+def test_bad_crun_status(doc: object, needle: str) -> None:
+    """A corrupt crun status is StateUnreadable naming the field."""
+    with pytest.raises(StateUnreadable, match=needle):
+        parse_crun_status(json.dumps(doc).encode(), "c1", MOUNTS)
