@@ -30,7 +30,7 @@ from runc_guard.errors import (
     CgroupBusy,
     CgroupRemovalFailed,
     ConfigError,
-    RuncGuardError,
+    Interrupted,
     StateUnreadable,
     UnsafeCgroupPath,
 )
@@ -44,16 +44,8 @@ from runc_guard.state import read_state, runtime_state_exists
 PROG = "runc-guard"
 
 
-class Interrupted(RuncGuardError):
-    """SIGTERM/SIGINT/SIGHUP arrived while we waited for the cgroups."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"interrupted by {signal.Signals(signum).name} while waiting for cgroups")
-        self.exit_code = 128 + signum
-
-
 def _raise_interrupted(signum: int, _frame: object) -> None:
-    raise Interrupted(signum)
+    raise Interrupted(signum, signal.Signals(signum).name)
 
 
 class DeleteRun:

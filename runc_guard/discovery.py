@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from runc_guard.cgroupfs import CgroupFsOps
-from runc_guard.errors import RuncGuardError, UnsafeCgroupPath
+from runc_guard.errors import NoCgroupHierarchy, UnsafeCgroupPath
 from runc_guard.paths import check_path
 from runc_guard.pending import iter_records
 
@@ -28,18 +28,10 @@ DEFAULT_KUBEPODS = ("kubepods", "kubepods.slice")
 #: kubepods/<qos>/pod<uid>/<container> is 3 levels; the systemd driver has the
 #: same depth. 6 leaves room for nesting (kind, nested kubelets) and bounds the walk.
 MAX_DEPTH = 6
-#: sysexits EX_NOINPUT: there is nothing to read (no cgroup hierarchy at all).
-EXIT_NO_HIERARCHY = 66
 
 _BARE_ID = re.compile(r"^[0-9a-f]{64}$")
 _SCOPE_ID = re.compile(r"^(?:cri-containerd|docker|crio)-([0-9a-f]{64})\.scope$")
 _POD = re.compile(r"pod([0-9a-fA-F_-]{8,})(?:\.slice)?$")
-
-
-class NoCgroupHierarchy(RuncGuardError):
-    """No cgroup filesystem is mounted below the given root: nothing can be swept or audited."""
-
-    exit_code = EXIT_NO_HIERARCHY
 
 
 def container_id_of(name: str) -> str | None:

@@ -9,6 +9,8 @@ codes below are runc-guard's own verdicts. Imported on the hot path: stdlib only
 from __future__ import annotations
 
 EXIT_OK = 0
+#: sweep/audit: no cgroup filesystem is mounted below the given root (EX_NOINPUT).
+EXIT_NO_HIERARCHY = 66
 #: state.json names cgroup paths that are not the container's own cgroups: nothing was touched.
 EXIT_UNSAFE_STATE = 65
 #: The runtime to front cannot be found, is not executable, or is runc-guard itself.
@@ -18,7 +20,9 @@ EXIT_INTERNAL = 70
 #: A cgroup could not be removed for a reason waiting cannot fix (EROFS, EACCES, ...).
 EXIT_CGROUP_ERROR = 74
 #: The cgroups were still in use at the deadline; the pending record stays for the sweep.
+#: Also: another sweep holds the node's sweep lock (EX_TEMPFAIL: try again later).
 EXIT_CGROUP_BUSY = 75
+EXIT_SWEEP_LOCKED = 75
 #: The settings file or a RUNC_GUARD_* variable is invalid.
 EXIT_CONFIG = 78
 
@@ -81,3 +85,23 @@ class CgroupRemovalFailed(RuncGuardError):
         super().__init__(f"cannot remove cgroup {path}: {errno_name} ({strerror})")
         self.path = path
         self.errno_name = errno_name
+
+
+class Interrupted(RuncGuardError):
+    """SIGTERM/SIGINT/SIGHUP arrived while the delete waited for the cgroups; exit 128+N."""
+
+    def __init__(self, signum: int, signame: str) -> None:
+        super().__init__(f"interrupted by {signame} while waiting for cgroups")
+        self.exit_code = 128 + signum
+
+
+class NoCgroupHierarchy(RuncGuardError):
+    """No cgroup filesystem is mounted below the given root: nothing can be swept or audited."""
+
+    exit_code = EXIT_NO_HIERARCHY
+
+
+class SweepLocked(RuncGuardError):
+    """Another sweep is running on this node (timer, DaemonSet or by hand)."""
+
+    exit_code = EXIT_SWEEP_LOCKED

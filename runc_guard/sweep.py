@@ -26,7 +26,7 @@ from typing import Any
 from runc_guard.cgroupfs import CgroupFsOps
 from runc_guard.cleanup import CleanupReport, attempt_removal, subtree_leaf_first
 from runc_guard.discovery import ContainerUnit, Discovery
-from runc_guard.errors import CgroupRemovalFailed, RuncGuardError
+from runc_guard.errors import CgroupRemovalFailed, SweepLocked
 from runc_guard.pending import remove_record
 
 DEFAULT_RUNTIME_ROOT = "/run/containerd/runc"
@@ -41,17 +41,9 @@ DEFAULT_MAX_SYS_PERCENT = 30.0
 DEFAULT_MAX_SLOWDOWN = 60.0
 #: Shortest slowdown step: below this, /proc/stat's 10 ms ticks make sys% noise.
 MIN_SLOWDOWN_STEP = 0.5
-#: sysexits EX_TEMPFAIL: another sweep holds the lock; try again later.
-EXIT_SWEEP_LOCKED = 75
 
 #: Kept-reasons in the order decide() checks them.
 KEEP_REASONS = ("unsafe_path", "populated", "runtime_state", "bundle", "too_young", "busy")
-
-
-class SweepLocked(RuncGuardError):
-    """Another sweep is running on this node (timer, DaemonSet or by hand)."""
-
-    exit_code = EXIT_SWEEP_LOCKED
 
 
 # -- read ---------------------------------------------------------------------

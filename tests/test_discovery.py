@@ -5,10 +5,8 @@ from __future__ import annotations
 import pytest
 
 from runc_guard.discovery import (
-    EXIT_NO_HIERARCHY,
     Discovery,
     Hierarchy,
-    NoCgroupHierarchy,
     add_pending,
     check_kubepods_name,
     container_id_of,
@@ -17,6 +15,7 @@ from runc_guard.discovery import (
     hierarchies_below,
     pod_uid_of,
 )
+from runc_guard.errors import EXIT_NO_HIERARCHY, NoCgroupHierarchy
 from runc_guard.pending import PendingRecord, write_record
 from tests.fakes import FakeCgroupFs
 

@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 
 from runc_guard.discovery import ContainerUnit, Discovery, Hierarchy
+from runc_guard.errors import EXIT_SWEEP_LOCKED, SweepLocked
 from runc_guard.pending import PendingRecord, write_record
 from runc_guard.sweep import (
-    EXIT_SWEEP_LOCKED,
     MIN_SLOWDOWN_STEP,
     RuntimeDirs,
     Sweeper,
-    SweepLocked,
     SweepOptions,
     UnitFacts,
     decide,
