@@ -41,7 +41,7 @@ fi
 
 # Docs and man pages.
 install -m 0644 "$deb/copyright" "$root/usr/share/doc/runc-guard/copyright"
-for doc in "$repo/README.md" "$repo"/docs/*.md "$repo"/contrib/containerd-config/*; do
+for doc in "$repo/README.md" "$repo"/contrib/containerd-config/*; do
     [ -f "$doc" ] && install -m 0644 "$doc" "$root/usr/share/doc/runc-guard/"
 done
 gzip -9n -c "$deb/runc-guard.8" > "$root/usr/share/man/man8/runc-guard.8.gz"
