@@ -426,7 +426,7 @@ class CrashResult:
 
 def path_b_crash(
     lab: Containerd, ns: str, binary: str, delay: float, children: int = 3, held: int = 2,
-    settle: float = 15.0,
+    settle: float = 15.0, nested: bool = False,
 ) -> CrashResult:
     """The incident's path: children frozen, init and shim SIGKILLed, released after ``delay``.
 
@@ -434,9 +434,14 @@ def path_b_crash(
     ``containerd-shim-runc-v2 delete``; the held children die ``delay`` seconds
     after the shim. Waits until containerd deleted the bundle, then reports the
     cgroup directories left. The task's container record is removed; leftover
-    cgroups are left for the caller to count and remove.
+    cgroups are left for the caller to count and remove. ``nested`` first makes a
+    child cgroup inside the task's cgroup in every hierarchy (as systemd in a
+    container would).
     """
     task = run_task(lab, ns, binary, children)
+    if nested:
+        for d in task.cgroup_dirs():
+            os.mkdir(os.path.join(d, "nested"))
     hold = FreezerHold.create()
     try:
         hold.hold(task.children()[:held])
