@@ -25,6 +25,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from runc_guard.atomic import write_atomic
+
 #: Delete wait-time buckets in seconds: the default delete budget is 3 s.
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
 #: The shim's outcomes (delete.py), rendered even at zero so rate() works from the start.
@@ -193,26 +195,6 @@ def _load(path: str) -> dict[str, Any]:
     if isinstance(doc, dict) and doc.get("version") == STATE_VERSION:
         state.update(doc)
     return state
-
-
-def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Write a temp file in the same directory, fsync, rename: readers see old or new, never half."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    try:
-        try:
-            os.write(fd, data)
-            os.fchmod(fd, mode)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 @contextlib.contextmanager

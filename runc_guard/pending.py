@@ -15,6 +15,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
+from runc_guard.atomic import write_atomic
+
 MAX_RECORD_BYTES = 1 << 20
 
 
@@ -37,29 +39,9 @@ def record_path(pending_dir: str, runtime_root: str, container_id: str) -> str:
 
 def write_record(pending_dir: str, record: PendingRecord) -> str:
     """Atomically and durably write ``record``; raise OSError (the delete goes on without it)."""
-    os.makedirs(pending_dir, mode=0o700, exist_ok=True)
     path = record_path(pending_dir, record.runtime_root, record.container_id)
-    tmp = f"{path}.{os.getpid()}.tmp"
     data = json.dumps(asdict(record), sort_keys=True).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    dir_fd = os.open(pending_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_atomic(path, data, 0o600, durable=True, dir_mode=0o700)
     return path
 
 

@@ -68,22 +68,15 @@ def _write_cache(cache: str, path: str, key: tuple[int, ...], data: dict[str, ob
     except ValueError:  # TOML dates and times are not marshallable: just don't cache
         return
     directory = os.path.dirname(cache)
-    tmp = f"{cache}.{os.getpid()}.tmp"
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         if not _trusted(os.lstat(directory)):
             return
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, blob)
-        finally:
-            os.close(fd)
-        os.replace(tmp, cache)
+        from runc_guard.atomic import write_atomic  # only on a cache miss
+
+        write_atomic(cache, blob, 0o600, durable=False, dir_mode=0o700)
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        pass
 
 
 def read_settings_file(path: str, cache_directory: str | None) -> dict[str, object]:

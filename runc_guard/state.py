@@ -64,14 +64,19 @@ def _read_capped(path: str) -> bytes:
         os.close(fd)
 
 
-def parse_state(raw: bytes, container_id: str, path: str = "state.json") -> ContainerState:
-    """Validate runc's state JSON; raise StateUnreadable naming the first problem."""
+def _json_object(raw: bytes, path: str) -> dict[str, object]:
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise StateUnreadable(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise StateUnreadable(f"{path}: expected a JSON object")
+    return doc
+
+
+def parse_state(raw: bytes, container_id: str, path: str = "state.json") -> ContainerState:
+    """Validate runc's state JSON; raise StateUnreadable naming the first problem."""
+    doc = _json_object(raw, path)
     if doc.get("id") != container_id:
         raise StateUnreadable(f"{path}: id {doc.get('id')!r} is not {container_id!r}")
     paths = doc.get("cgroup_paths")
@@ -112,12 +117,7 @@ def parse_crun_status(
     raw: bytes, container_id: str, mounts: Mapping[str, str], path: str = "status"
 ) -> ContainerState:
     """crun's status: the relative ``cgroup-path`` joined to every cgroup mount point."""
-    try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise StateUnreadable(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise StateUnreadable(f"{path}: expected a JSON object")
+    doc = _json_object(raw, path)
     relative = doc.get("cgroup-path")
     pid = doc.get("pid")
     start = doc.get("process-start-time", 0)

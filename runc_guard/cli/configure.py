@@ -36,6 +36,7 @@ from typing import Any
 
 import click
 
+from runc_guard.atomic import write_atomic
 from runc_guard.containerd_config import (
     ConfigFile,
     ContainerdConfigError,
@@ -88,34 +89,6 @@ def _sha256(data: bytes | None) -> str | None:
 
 def _stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-
-
-def atomic_write(path: str, data: bytes, like: str | None = None, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` all at once; mode/owner copied from ``like`` if it exists."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.runc-guard-{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            os.write(fd, data)
-            ref = os.stat(like) if like and os.path.exists(like) else None
-            os.fchmod(fd, (ref.st_mode & 0o7777) if ref else mode)
-            if ref is not None and os.geteuid() == 0:
-                os.fchown(fd, ref.st_uid, ref.st_gid)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def _backup(local: str) -> str | None:
@@ -260,14 +233,14 @@ def _write(host: Host, state: dict[str, Any], path: str, text: str) -> str | Non
     local = host.path(path)
     backup = _backup(local)
     data = text.encode("utf-8")
-    atomic_write(local, data, like=local)
+    write_atomic(local, data, like=local)
     state["files"][path]["written_sha256"] = _sha256(data)
     return backup
 
 
 def _save_state(host: Host, main: str, state: dict[str, Any]) -> None:
     blob = json.dumps(state, indent=2, sort_keys=True).encode() + b"\n"
-    atomic_write(host.path(_state_path(main)), blob, mode=0o600)
+    write_atomic(host.path(_state_path(main)), blob, 0o600)
 
 
 def apply_change(host: Host, main: str, change: Change) -> list[str]:
@@ -323,7 +296,7 @@ def revert(host: Host, main: str, force: bool) -> list[str]:
             after = without_runtime_mappings(text, state.get("mappings", {}), path)
             if after != text:
                 _backup(local)
-                atomic_write(local, after.encode(), like=local)
+                write_atomic(local, after.encode(), like=local)
             done.append(f"removed runc-guard's [runtimes] entries from {path} (edited since)")
             continue
         _backup(local)
@@ -331,7 +304,7 @@ def revert(host: Host, main: str, force: bool) -> list[str]:
             original = host.path(rec["original"])
             with open(original, "rb") as f:
                 data = f.read()
-            atomic_write(local, data, like=original)
+            write_atomic(local, data, like=original)
             os.unlink(original)
             done.append(f"restored {path} byte for byte")
         else:

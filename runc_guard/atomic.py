@@ -1,0 +1,69 @@
+"""Atomic file replacement: readers see the old file or the new one, never half of either.
+
+One implementation for every file runc-guard writes in place: pending records
+(which must survive a crash, so fsync'd with their directory), the settings
+cache, the metrics textfile and state, and containerd's config. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def write_atomic(
+    path: str,
+    data: bytes,
+    mode: int = 0o644,
+    *,
+    like: str | None = None,
+    durable: bool = True,
+    dir_mode: int = 0o755,
+) -> None:
+    """Write ``data`` to a temp file beside ``path``, then rename it over ``path``.
+
+    ``like``: copy mode (and owner, as root) from that file when it exists, so an
+    edited config keeps its permissions. ``durable``: fsync the file and its
+    directory, so the rename survives a crash (the pending records need this; a
+    cache does not). Missing parent directories are created with ``dir_mode``.
+    Raises OSError; the temp file never stays behind.
+    """
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=dir_mode, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(tmp, flags, 0o600)
+    except FileExistsError:  # left by a crashed writer with our pid: it is ours to replace
+        os.unlink(tmp)
+        fd = os.open(tmp, flags, 0o600)
+    try:
+        try:
+            _write_all(fd, data)
+            ref = os.stat(like) if like and os.path.exists(like) else None
+            os.fchmod(fd, (ref.st_mode & 0o7777) if ref else mode)
+            if ref is not None and os.geteuid() == 0:
+                os.fchown(fd, ref.st_uid, ref.st_gid)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if durable:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
