@@ -13,11 +13,12 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 
 from bench.common import interleaved, median_ms, print_table
 from integration.lab import RuncContainer
 
-COMMANDS = {
+COMMANDS: dict[str, Callable[[RuncContainer], list[str]]] = {
     "--version": lambda c: ["--version"],
     "state": lambda c: ["--root", c.root, "state", c.id],
     "list": lambda c: ["--root", c.root, "list"],
