@@ -13,7 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from bench.common import interleaved, median_ms, print_table
 from integration.lab import RuncContainer
@@ -28,9 +28,13 @@ COMMANDS: dict[str, Callable[[RuncContainer], list[str]]] = {
 }
 
 
-def shims() -> dict[str, tuple[str, str]]:
-    """name -> (shim binary, interpreter that runs it)."""
+def shims(extra: Sequence[str] = ()) -> dict[str, tuple[str, str]]:
+    """name -> (shim binary, interpreter that runs it); ``extra``: NAME=PATH[@PYTHON] items."""
     found = {"venv": (os.path.join(os.path.dirname(sys.executable), "runc-guard"), sys.executable)}
+    for item in extra:
+        name, _, rest = item.partition("=")
+        path, _, python = rest.partition("@")
+        found[name] = (path, python or "/usr/bin/python3")
     if os.path.exists("/usr/bin/runc-guard"):
         found["deb"] = ("/usr/bin/runc-guard", "/usr/bin/python3")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,6 +50,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--commands", default=",".join(COMMANDS))
+    parser.add_argument("--extra-shim", action="append", default=[], metavar="NAME=PATH[@PYTHON]",
+                        help="another build to measure, e.g. an extracted .deb or a pyz elsewhere "
+                             "(bare interpreter: PYTHON, default /usr/bin/python3)")
     args = parser.parse_args()
     runc = shutil.which("runc") or "/usr/sbin/runc"
     rows = []
@@ -58,7 +65,7 @@ def main() -> int:
         try:
             for name in args.commands.split(","):
                 tail = COMMANDS[name](ctr)
-                for shim_name, (shim, python) in shims().items():
+                for shim_name, (shim, python) in shims(args.extra_shim).items():
                     samples = interleaved(
                         {"bare": [python, "-c", "pass"], "runc": [runc, *tail], "guard": [shim, *tail]},
                         args.rounds, env,

@@ -32,6 +32,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="smaller runs, under 3 minutes")
     parser.add_argument("--only", default="", help="comma-separated benchmark names")
     parser.add_argument("--output", help="also write every table to this markdown file")
+    parser.add_argument("--shim", action="append", default=[], metavar="NAME=PATH[@PYTHON]",
+                        help="another runc-guard build for the passthrough and delete benchmarks "
+                             "(e.g. an extracted .deb or a single-file build outside dist/)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("the benchmarks create cgroups and containers: run them as root", file=sys.stderr)
@@ -44,6 +47,11 @@ def main() -> int:
         if wanted is not None and name not in wanted:
             continue
         argv = [sys.executable, "-m", f"bench.{name}", *(quick if args.quick else full)]
+        for shim in args.shim:
+            if name == "passthrough":
+                argv += ["--extra-shim", shim]
+            elif name == "delete_clean":
+                argv += ["--extra", shim.partition("@")[0]]
         print(f"\n## {name}: {' '.join(argv[1:])}", flush=True)
         t = time.monotonic()
         proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=False)

@@ -77,6 +77,8 @@ def main() -> int:  # noqa: PLR0915 - one linear script of phases
     parser.add_argument("--containers", type=int, default=8147)
     parser.add_argument("--idle", type=float, default=10.0, help="seconds of each idle phase")
     parser.add_argument("--max-sys-percent", type=float, default=30.0)
+    parser.add_argument("--extra-sweep", action="append", default=[], metavar="ARGS",
+                        help='another sweep phase with these options, e.g. "--batch 10 --pause 0.01"')
     args = parser.parse_args()
     ctl = os.path.join(os.path.dirname(sys.executable), "runc-guardctl")
     have_sweep = os.path.exists(ctl) and run_measured([ctl, "sweep", "--help"]).status == 0
@@ -145,6 +147,10 @@ def main() -> int:  # noqa: PLR0915 - one linear script of phases
                     timed("idle", idle)
                     build()
                     timed("sweep --pause 0", lambda: sweep("--pause", "0"))
+                    for extra in args.extra_sweep:
+                        timed("idle", idle)
+                        build()
+                        timed(f"sweep {extra}", lambda e=extra: sweep(*e.split()))
                 else:
                     print("runc-guardctl sweep is not installed: only idle and the naive loop",
                           file=sys.stderr)
