@@ -145,11 +145,11 @@ def remove_cgroups(
         report.waited_ms = int((clock() - started) * 1000)
         path, pids = max(exc.remaining.items(), key=lambda item: len(item[1]))
         busy = CgroupBusy(path, pids, report.waited_ms)
-        busy.report = report  # type: ignore[attr-defined]
+        busy.report = report
         raise busy from None
     except CgroupRemovalFailed as exc:
         report.waited_ms = int((clock() - started) * 1000)
-        exc.report = report  # type: ignore[attr-defined]
+        exc.report = report
         raise
     report.waited_ms = int((clock() - started) * 1000)
     return report

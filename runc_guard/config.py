@@ -135,9 +135,9 @@ def settings_from(raw: Mapping[str, object], environ: Mapping[str, str], source:
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     """Settings from the file at RUNC_GUARD_CONFIG (default /etc/runc-guard/config.toml)."""
     env = os.environ if environ is None else environ
-    path = config_path(env)  # type: ignore[arg-type]
+    path = config_path(env)
     try:
-        raw = read_settings_file(path, cache_dir(env))  # type: ignore[arg-type]
+        raw = read_settings_file(path, cache_dir(env))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot use settings file {path}: {exc}") from exc
     source = path if os.path.exists(path) else f"{path} (absent: defaults)"

@@ -201,7 +201,7 @@ class DeleteRun:
                 paths, fs, deadline, self.settings.poll_interval, self.settings.kill_stragglers
             )
         except (CgroupBusy, CgroupRemovalFailed) as exc:
-            report = getattr(exc, "report", report)
+            report = exc.report or report
             self._account(report)
             self.canonical["pending_record"] = record
             self.fail(str(exc))
@@ -241,7 +241,7 @@ def run_delete(
     try:
         if config_problem is not None:
             raise ConfigError(config_problem)
-        settings = settings_from(raw, environ, config_path(environ))  # type: ignore[arg-type]
+        settings = settings_from(raw, environ, config_path(environ))
     except ConfigError as exc:
         config_error = exc
         try:  # the file is bad: keep what the environment says (paths above all)

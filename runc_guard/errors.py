@@ -8,6 +8,10 @@ codes below are runc-guard's own verdicts. Imported on the hot path: stdlib only
 
 from __future__ import annotations
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from runc_guard.cleanup import CleanupReport
+
 EXIT_OK = 0
 #: sweep/audit: no cgroup filesystem is mounted below the given root (EX_NOINPUT).
 EXIT_NO_HIERARCHY = 66
@@ -64,6 +68,8 @@ class CgroupBusy(RuncGuardError):
     """The deadline passed with processes still inside (or EBUSY on rmdir)."""
 
     exit_code = EXIT_CGROUP_BUSY
+    #: What the cleanup did before giving up (set by cleanup.remove_cgroups).
+    report: CleanupReport | None = None
 
     def __init__(self, path: str, pids: tuple[int, ...], waited_ms: int) -> None:
         shown = ", ".join(str(p) for p in pids[:8]) + (" ..." if len(pids) > 8 else "")
@@ -80,6 +86,8 @@ class CgroupRemovalFailed(RuncGuardError):
     """rmdir failed with an error that retrying cannot fix."""
 
     exit_code = EXIT_CGROUP_ERROR
+    #: What the cleanup did before failing (set by cleanup.remove_cgroups).
+    report: CleanupReport | None = None
 
     def __init__(self, path: str, errno_name: str, strerror: str) -> None:
         super().__init__(f"cannot remove cgroup {path}: {errno_name} ({strerror})")

@@ -14,16 +14,20 @@ from __future__ import annotations
 import marshal
 import os
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing and collections.abc cost imports the hot path does not pay
+    from collections.abc import Mapping
+
 DEFAULT_CONFIG = "/etc/runc-guard/config.toml"
 DEFAULT_CACHE_DIR = "/run/runc-guard"
 MAX_CONFIG_BYTES = 1 << 20
 
 
-def config_path(environ: dict[str, str] | os._Environ[str]) -> str:
+def config_path(environ: Mapping[str, str]) -> str:
     return environ.get("RUNC_GUARD_CONFIG") or DEFAULT_CONFIG
 
 
-def cache_dir(environ: dict[str, str] | os._Environ[str]) -> str:
+def cache_dir(environ: Mapping[str, str]) -> str:
     return environ.get("RUNC_GUARD_CACHE_DIR") or DEFAULT_CACHE_DIR
 
 

@@ -66,7 +66,7 @@ def test_deadline_gives_cgroup_busy_with_report(fake_fs: FakeCgroupFs, clock: Fa
     assert exc.exit_code == EXIT_CGROUP_BUSY == 75
     assert exc.pids == (7,) and exc.path == ROOTS[0]
     assert 500 <= exc.waited_ms <= 520
-    assert exc.report.attempts == len(fake_fs.waits) + 1  # type: ignore[attr-defined]
+    assert exc.report is not None and exc.report.attempts == len(fake_fs.waits) + 1
     assert "does not exist" not in str(exc)
 
 
