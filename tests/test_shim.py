@@ -30,6 +30,21 @@ def recorder(tmp_path: os.PathLike[str]) -> str:
     return path
 
 
+def isolated_env(tmp: str | os.PathLike[str], extra: dict[str, str]) -> dict[str, str]:
+    """Every runc-guard path inside the test's tmp dir (never /run/runc-guard), plus ``extra``."""
+    env = {
+        "PATH": os.environ["PATH"],
+        "RUNC_GUARD_CONFIG": os.path.join(tmp, "none.toml"),
+        "RUNC_GUARD_CACHE_DIR": os.path.join(tmp, "cache"),
+        "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp, "no-journald"),
+        "RUNC_GUARD_PENDING_DIR": os.path.join(tmp, "pending"),
+        "RUNC_GUARD_LOG_FILE": os.path.join(tmp, "events.jsonl"),
+        "RUNC_GUARD_STATS_FILE": os.path.join(tmp, "stats.jsonl"),
+    }
+    env.update(extra)
+    return env
+
+
 def run_shim(
     shim: str, args: list[bytes | str], recorder: str, tmp: str, **kw: object
 ) -> tuple[subprocess.CompletedProcess[bytes], dict]:  # type: ignore[type-arg]
@@ -85,12 +100,15 @@ def test_passthrough_keeps_pid_fds_and_signals(
         proc = subprocess.Popen(
             [shim_binary, "state", "c1"],
             pass_fds=(w,),
-            env={
-                "PATH": os.environ["PATH"],
-                "RUNC_GUARD_RUNTIME": recorder,
-                "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "none"),
-                "RECORD_TO": os.path.join(tmp_path, "rec"),
-            },
+            env=isolated_env(
+                tmp_path,
+                {
+                    "PATH": os.environ["PATH"],
+                    "RUNC_GUARD_RUNTIME": recorder,
+                    "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "none"),
+                    "RECORD_TO": os.path.join(tmp_path, "rec"),
+                },
+            ),
             stdout=subprocess.DEVNULL,
         )
         proc.wait()
@@ -114,13 +132,16 @@ def test_exit_status_passes_through(
     """The runtime's exit status is the caller's exit status."""
     proc = subprocess.run(
         [shim_binary, "state", "c1"],
-        env={
-            "PATH": os.environ["PATH"],
-            "RUNC_GUARD_RUNTIME": recorder,
-            "RECORD_EXIT": str(status),
-            "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "none"),
-            "RECORD_TO": os.path.join(tmp_path, "rec"),
-        },
+        env=isolated_env(
+            tmp_path,
+            {
+                "PATH": os.environ["PATH"],
+                "RUNC_GUARD_RUNTIME": recorder,
+                "RECORD_EXIT": str(status),
+                "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "none"),
+                "RECORD_TO": os.path.join(tmp_path, "rec"),
+            },
+        ),
         capture_output=True,
         check=False,
     )
@@ -195,12 +216,15 @@ def test_loop_to_itself_is_refused(shim_binary: str, tmp_path: os.PathLike[str])
     for runtime, path in ((shim_binary, os.environ["PATH"]), ("runc", str(tmp_path))):
         proc = subprocess.run(
             [shim_binary, "--version"],
-            env={
-                "PATH": path,
-                "RUNC_GUARD_RUNTIME": runtime,
-                "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "n"),
-                "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp_path, "nosock"),
-            },
+            env=isolated_env(
+                tmp_path,
+                {
+                    "PATH": path,
+                    "RUNC_GUARD_RUNTIME": runtime,
+                    "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "n"),
+                    "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp_path, "nosock"),
+                },
+            ),
             capture_output=True,
             text=True,
             check=False,
@@ -223,11 +247,14 @@ def test_shadowed_runc_on_path_reaches_real_one(
     os.symlink(recorder, os.path.join(second, "runc"))
     proc = subprocess.run(
         [os.path.join(first, "runc"), "list"],
-        env={
-            "PATH": f"{first}:{second}",
-            "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "n"),
-            "RECORD_TO": os.path.join(tmp_path, "rec"),
-        },
+        env=isolated_env(
+            tmp_path,
+            {
+                "PATH": f"{first}:{second}",
+                "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "n"),
+                "RECORD_TO": os.path.join(tmp_path, "rec"),
+            },
+        ),
         capture_output=True,
         check=False,
     )
@@ -243,12 +270,15 @@ def test_missing_runtime(shim_binary: str, tmp_path: os.PathLike[str], runtime: 
     """A missing runtime is exit 69 with a message naming it; nothing on stdout."""
     proc = subprocess.run(
         [shim_binary, "state", "c1"],
-        env={
-            "PATH": "/usr/bin:/bin",
-            "RUNC_GUARD_RUNTIME": runtime,
-            "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "n"),
-            "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp_path, "nosock"),
-        },
+        env=isolated_env(
+            tmp_path,
+            {
+                "PATH": "/usr/bin:/bin",
+                "RUNC_GUARD_RUNTIME": runtime,
+                "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "n"),
+                "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp_path, "nosock"),
+            },
+        ),
         capture_output=True,
         text=True,
         check=False,
@@ -266,12 +296,15 @@ def test_runtime_chosen_by_invoked_name(shim_binary: str, recorder: str, tmp_pat
     os.symlink(shim_binary, link)
     proc = subprocess.run(
         [link, "state", "c1"],
-        env={
-            "PATH": os.environ["PATH"],
-            "RUNC_GUARD_CONFIG": config,
-            "RECORD_TO": os.path.join(tmp_path, "rec"),
-            "RUNC_GUARD_CACHE_DIR": os.path.join(tmp_path, "cache"),
-        },
+        env=isolated_env(
+            tmp_path,
+            {
+                "PATH": os.environ["PATH"],
+                "RUNC_GUARD_CONFIG": config,
+                "RECORD_TO": os.path.join(tmp_path, "rec"),
+                "RUNC_GUARD_CACHE_DIR": os.path.join(tmp_path, "cache"),
+            },
+        ),
         capture_output=True,
         check=False,
     )
@@ -288,13 +321,16 @@ def test_broken_settings_file_still_passes_through(
         f.write("this is [not toml\n")
     proc = subprocess.run(
         [shim_binary, "state", "c1"],
-        env={
-            "PATH": os.environ["PATH"],
-            "RUNC_GUARD_RUNTIME": recorder,
-            "RUNC_GUARD_CONFIG": config,
-            "RECORD_TO": os.path.join(tmp_path, "rec"),
-            "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp_path, "n"),
-        },
+        env=isolated_env(
+            tmp_path,
+            {
+                "PATH": os.environ["PATH"],
+                "RUNC_GUARD_RUNTIME": recorder,
+                "RUNC_GUARD_CONFIG": config,
+                "RECORD_TO": os.path.join(tmp_path, "rec"),
+                "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp_path, "n"),
+            },
+        ),
         capture_output=True,
         check=False,
     )
@@ -308,11 +344,14 @@ def test_bad_runtime_type_is_config_error(shim_binary: str, tmp_path: os.PathLik
         f.write("runtime = 3\n")
     proc = subprocess.run(
         [shim_binary, "state", "c1"],
-        env={
-            "PATH": os.environ["PATH"],
-            "RUNC_GUARD_CONFIG": config,
-            "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp_path, "n"),
-        },
+        env=isolated_env(
+            tmp_path,
+            {
+                "PATH": os.environ["PATH"],
+                "RUNC_GUARD_CONFIG": config,
+                "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp_path, "n"),
+            },
+        ),
         capture_output=True,
         text=True,
         check=False,
