@@ -63,14 +63,21 @@ def main() -> int:
             f.write('runtime = "runc"\n')  # a real settings file: the cache path is measured
         ctr = RuncContainer.start(workdir, children=1)
         try:
+            builds = shims(args.extra_shim)
             for name in args.commands.split(","):
                 tail = COMMANDS[name](ctr)
-                for shim_name, (shim, python) in shims(args.extra_shim).items():
-                    samples = interleaved(
-                        {"bare": [python, "-c", "pass"], "runc": [runc, *tail], "guard": [shim, *tail]},
-                        args.rounds, env,
-                    )
-                    bare, plain, guard = (median_ms(samples[k]) for k in ("bare", "runc", "guard"))
+                # One interleaved group per command: runc, every build and every bare
+                # interpreter share the same rounds, so they share the same noise.
+                candidates = {"runc": [runc, *tail]}
+                for python in {python for _shim, python in builds.values()}:
+                    candidates[f"bare:{python}"] = [python, "-c", "pass"]
+                for shim_name, (shim, _python) in builds.items():
+                    candidates[f"guard:{shim_name}"] = [shim, *tail]
+                samples = interleaved(candidates, args.rounds, env)
+                plain = median_ms(samples["runc"])
+                for shim_name, (_shim, python) in builds.items():
+                    bare = median_ms(samples[f"bare:{python}"])
+                    guard = median_ms(samples[f"guard:{shim_name}"])
                     rows.append((name, shim_name, bare, plain, guard, guard - plain,
                                  (guard - plain) / bare))
         finally:
