@@ -155,9 +155,12 @@ def main() -> int:
     parser.add_argument("--containers", type=int, default=50)
     parser.add_argument("--hold", type=float, default=1.0, help="seconds until the teardowns can finish")
     parser.add_argument("--no-control", action="store_true", help="skip the stock runc control")
+    parser.add_argument("--shim", default=os.path.join(os.path.dirname(sys.executable), "runc-guard"))
+    parser.add_argument("--extra", action="append", default=[], metavar="NAME=PATH",
+                        help="another runc-guard build to run the same storm with")
     args = parser.parse_args()
-    shim = os.path.join(os.path.dirname(sys.executable), "runc-guard")
-    candidates = [("runc-guard", shim)] + ([] if args.no_control else [("runc (control)", RUNC)])
+    candidates = [("runc-guard", args.shim)] + [(n, p) for n, _, p in (e.partition("=") for e in args.extra)]
+    candidates += [] if args.no_control else [("runc (control)", RUNC)]
     rows = []
     for name, binary in candidates:
         with tempfile.TemporaryDirectory(prefix=f"{PREFIX}-") as workdir:
