@@ -9,7 +9,6 @@ decides *whether* to act; callers do that.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import select
@@ -51,7 +50,9 @@ _libc: ctypes.CDLL | None = None
 def _statfs_type(path: str) -> int:
     global _libc
     if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # CDLL(None) is the libc already mapped into this process. find_library("c")
+        # would import ctypes.util (~11 ms) and run `ldconfig -p` on every delete.
+        _libc = ctypes.CDLL(None, use_errno=True)
     buf = _Statfs()
     if _libc.statfs(os.fsencode(path), ctypes.byref(buf)) != 0:
         err = ctypes.get_errno()

@@ -62,7 +62,11 @@ def main() -> int:
     if invocation.is_delete:
         from runc_guard.delete import run_delete
 
-        return run_delete(invocation, args, runtime, raw, config_problem, environ)
+        status = run_delete(invocation, args, runtime, raw, config_problem, environ)
+        # Everything is written and closed by now; tearing down the ~300 modules the
+        # delete path loaded would only delay containerd's shim by ~12 ms.
+        sys.stderr.flush()
+        os._exit(status)
     if config_problem is not None:
         try:
             from runc_guard.journal import send_minimal

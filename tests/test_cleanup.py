@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import subprocess
+import sys
 
 import pytest
 
@@ -142,3 +144,16 @@ def test_subtree_order(fake_fs: FakeCgroupFs) -> None:
     order = subtree_leaf_first("/r", fake_fs)
     assert order[-1] == "/r" and order.index("/r/a/x") < order.index("/r/a")
     assert sorted(order) == ["/r", "/r/a", "/r/a/x", "/r/b"]
+
+
+def test_clean_removal_does_not_load_tenacity() -> None:
+    """One successful attempt never imports tenacity: a clean delete stays within its budget."""
+    code = (
+        "import sys; from tests.fakes import FakeClock, FakeCgroupFs;"
+        "from runc_guard.cleanup import remove_cgroups;"
+        "c = FakeClock(); fs = FakeCgroupFs(c); fs.add('/cg/a');"
+        "remove_cgroups(['/cg/a'], fs, c() + 3, 0.02, True, clock=c);"
+        "print('tenacity' in sys.modules, fs.dirs)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout == "False {}\n"
