@@ -215,16 +215,22 @@ class Probe:
 
     def phases(self) -> list[list[float]]:
         """Stop the probe; its samples (seconds) per phase, in the order of the marks."""
+        return [[latency for _at, latency in phase] for phase in self.timed_phases()]
+
+    def timed_phases(self) -> list[list[tuple[float, float]]]:
+        """Stop the probe; (monotonic start, latency) of every sample, per phase."""
         assert self.proc is not None and self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(30)
-        phases: list[list[float]] = [[]]
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(30)
+        phases: list[list[tuple[float, float]]] = [[]]
         with open(self.out) as f:
             for line in f:
                 if line.startswith("m"):
                     phases.append([])
                 elif line.strip():
-                    phases[-1].append(float(line))
+                    at, latency = line.split()
+                    phases[-1].append((float(at), float(latency)))
         return phases
 
     def __exit__(self, *exc: object) -> None:
@@ -250,10 +256,11 @@ poller.register(0, select.POLLIN)
 buf = b""
 try:
     while True:
+        at = time.monotonic()
         t = time.perf_counter()
         os.mkdir(path)
         os.rmdir(path)
-        lines.append(repr(time.perf_counter() - t))
+        lines.append(f"{at!r} {time.perf_counter() - t!r}")
         if poller.poll(interval * 1000):
             data = os.read(0, 64)
             if not data:

@@ -68,7 +68,7 @@ def main() -> int:
                 tail = COMMANDS[name](ctr)
                 # One interleaved group per command: runc, every build and every bare
                 # interpreter share the same rounds, so they share the same noise.
-                candidates = {"runc": [runc, *tail]}
+                candidates: dict[str, Sequence[str]] = {"runc": [runc, *tail]}
                 for python in {python for _shim, python in builds.values()}:
                     candidates[f"bare:{python}"] = [python, "-c", "pass"]
                 for shim_name, (shim, _python) in builds.items():

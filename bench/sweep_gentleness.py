@@ -28,6 +28,7 @@ Run as root: ``python -m bench.sweep_gentleness [--containers 8147] [--idle 10]`
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import sys
@@ -59,6 +60,39 @@ for pod in sys.argv[1:]:
         if os.path.isdir(p):
             os.rmdir(p)
 """
+
+
+SEGMENTS = ("start-up + discovery", "planning (reads every unit)", "removing (in a batch)",
+            "pausing (between batches)")
+
+
+def split_sweep(timeline: tuple[float, float, float, list[tuple[float, float]]],
+                samples: list[tuple[float, float]]) -> list[tuple[str, float, list[float]]]:
+    """Split a sweep phase's probe samples: start-up and discovery, planning, removing, pausing.
+
+    The report's batch times are relative to the start of ``Sweeper.run``, which began
+    ``duration`` seconds before the process ended (its exit work is a few ms).
+    """
+    t_start, t_end, duration, batches = timeline
+    run_start = t_end - duration
+    starts = [run_start + a for a, _ in batches]
+    ends = [run_start + b for _, b in batches]
+    first = starts[0] if batches else t_end
+    last = ends[-1] if batches else t_end
+    buckets: list[list[float]] = [[], [], [], []]
+    for at, latency in samples:
+        if at > last:
+            continue
+        if at < run_start:
+            buckets[0].append(latency)
+        elif at < first:
+            buckets[1].append(latency)
+        else:
+            i = bisect.bisect_right(starts, at) - 1
+            buckets[2 if at <= ends[i] else 3].append(latency)
+    in_batches = sum(b - a for a, b in zip(starts, ends, strict=True))
+    seconds = [run_start - t_start, first - run_start, in_batches, last - first - in_batches]
+    return list(zip(SEGMENTS, seconds, buckets, strict=True))
 
 
 def run_phase(label: str, probe: Probe, action: Any) -> dict[str, Any]:
@@ -119,6 +153,7 @@ def main() -> int:  # noqa: PLR0915 - one linear script of phases
 
                 def sweep(*extra: str) -> dict[str, Any]:
                     report = os.path.join(workdir, "report.json")
+                    t_start = time.monotonic()
                     run = run_measured([ctl, "sweep", "--kubepods", top, "--min-age", "0",
                                         "--runtime-root", empty, "--bundle-root", empty,
                                         "--max-sys-percent", str(args.max_sys_percent),
@@ -130,7 +165,9 @@ def main() -> int:  # noqa: PLR0915 - one linear script of phases
                     return {"dirs": doc.get("dirs_removed", 0), "cpu": run.cpu, "stime": run.stime,
                             "status": run.status,
                             "batches": len(doc.get("batches", [])), "slowed": doc.get("slowed", 0.0),
-                            "batch_sys_max": max(batch_sys, default=float("nan"))}
+                            "batch_sys_max": max(batch_sys, default=float("nan")),
+                            "timeline": (t_start, time.monotonic(), doc.get("duration", 0.0),
+                                         [(b["started"], b["finished"]) for b in doc.get("batches", [])])}
 
                 def timed(label: str, action: Any) -> None:
                     labels.append(label)
@@ -155,7 +192,8 @@ def main() -> int:  # noqa: PLR0915 - one linear script of phases
                     print("runc-guardctl sweep is not installed: only idle and the naive loop",
                           file=sys.stderr)
                 timed("idle", idle)
-                samples = probe.phases()
+                timed_samples = probe.timed_phases()
+                samples = [[latency for _at, latency in phase] for phase in timed_samples]
         finally:
             remove_everywhere(top)
             remove_everywhere(os.path.relpath(probe_parent, os.path.dirname(probe_parent)))
@@ -189,6 +227,24 @@ def main() -> int:  # noqa: PLR0915 - one linear script of phases
          "slowed s"],
         rows,
     )
+    segment_rows = []
+    for i, label in enumerate(labels):
+        with_timeline = [p for p in measured if p["label"] == label and "timeline" in p]
+        if not with_timeline or i + 1 >= len(timed_samples):
+            continue
+        phase = with_timeline[0]
+        for segment, seconds, seg_samples in split_sweep(phase["timeline"], timed_samples[i + 1]):
+            count, p50, p99, worst = phase_stats(seg_samples)
+            over = sum(x * 1000 > 2 * idle_p99 for x in seg_samples)
+            segment_rows.append((label, segment, seconds, count, p50, p99, worst,
+                                 f"{100 * over / max(1, count):.1f} %"))
+    if segment_rows:
+        print_table(
+            "Where the sweep's probe samples fall (from the sweep's JSON report: batch start/end)",
+            ["phase", "segment", "seconds", "probe samples", "p50 ms", "p99 ms", "max ms",
+             "samples over 2x idle p99"],
+            segment_rows,
+        )
     print(f"\ntargets: sweep (defaults) probe p99 <= 2x idle p99, "
           f"sys% < {args.max_sys_percent:g}; whole run {time.monotonic() - started:.0f} s")
     return 0
