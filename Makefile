@@ -61,6 +61,6 @@ clean:
 deb: venv
 	PYTHON=$(abspath $(PY)) packaging/build-deb.sh dist
 
-# dist/runc-guard.pyz: one executable file (sh prelude + zip with bytecode) for other distributions.
+# dist/runc-guard.pyz: one executable file (env -S shebang + zip with bytecode) for other distributions.
 single-file: venv
 	PYTHON=$(abspath $(PY)) packaging/single-file/build.sh dist

@@ -143,7 +143,7 @@ class DeleteRun:
             state = read_state(self.invocation.root, self.container_id, cgroup_mounts)
         except StateUnreadable as exc:
             self.log.warning("state_unreadable", reason=str(exc))
-            status = run_runtime_child(self.runtime, self.args, self.environ)
+            status = run_runtime_child(self.runtime, self.args)
             return self.verdict(self.finish("no_state", status, str(exc)))
         self.canonical["init_pid"] = state.init_pid
         fs = RealCgroupFs()
@@ -156,7 +156,7 @@ class DeleteRun:
             return self.finish("refused", exc.exit_code, str(exc))
         self.canonical["cgroup_paths"] = paths
         record = self._record(state.init_pid, state.init_start, paths)
-        status = run_runtime_child(self.runtime, self.args, self.environ)
+        status = run_runtime_child(self.runtime, self.args)
         if status != 0:
             self._after_runtime_failure(record, paths, fs)
             return self.finish("runtime_failed", status, f"runtime exited with status {status}")

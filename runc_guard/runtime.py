@@ -100,14 +100,35 @@ def _restore_inherited_signals() -> None:
     _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
 
 
-def exec_runtime(path: str, args: Sequence[str], environ: Mapping[str, str]) -> NoReturn:
+def inherited_environment() -> dict[bytes, bytes]:
+    """The environment this process was started with, byte for byte.
+
+    ``os.environ`` is not it: with no LANG/LC_* set, CPython's C-locale coercion
+    (PEP 538) adds ``LC_CTYPE=C.UTF-8`` at start-up, even under ``-I``, and the
+    runtime would inherit it. The kernel's copy in /proc/self/environ is what the
+    caller passed to execve.
+    """
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            raw = f.read()
+    except OSError:  # no /proc: the best we have
+        return dict(os.environb)
+    env: dict[bytes, bytes] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key:
+            env[key] = value
+    return env
+
+
+def exec_runtime(path: str, args: Sequence[str]) -> NoReturn:
     """Replace this process with the runtime: same pid, fds, environment and argv[1:].
 
     Returning from here is itself an error: execve only returns on failure, and
     the OSError propagates to the shim's error boundary.
     """
     _restore_inherited_signals()
-    os.execve(path, [path, *args], environ)
+    os.execve(path, [path, *args], inherited_environment())
 
 
 def _die_with_parent(parent: int) -> Callable[[], None]:
@@ -130,8 +151,8 @@ def _die_with_parent(parent: int) -> Callable[[], None]:
     return set_pdeathsig
 
 
-def run_runtime_child(path: str, args: Sequence[str], environ: Mapping[str, str]) -> int:
-    """Run the runtime as a child with our argv/env/fds; return its status as a shell would.
+def run_runtime_child(path: str, args: Sequence[str]) -> int:
+    """Run the runtime as a child with our argv, environment and fds; return its status as a shell would.
 
     SIGTERM, SIGINT and SIGHUP sent to runc-guard are forwarded to the child, so
     a caller that stops us also stops the runtime it asked for. A child killed by
@@ -160,7 +181,7 @@ def run_runtime_child(path: str, args: Sequence[str], environ: Mapping[str, str]
         # the caller handed us must reach the runtime as they would by exec.
         child = subprocess.Popen(
             [path, *args],
-            env=dict(environ),
+            env=inherited_environment(),
             close_fds=False,
             preexec_fn=_die_with_parent(os.getpid()),  # noqa: PLW1509 - single-threaded; see docstring
         )

@@ -75,6 +75,6 @@ def main() -> int:
         except Exception:  # noqa: BLE001 - logging must never change the outcome
             pass
     try:
-        exec_runtime(runtime, args, environ)
+        exec_runtime(runtime, args)
     except OSError as exc:
         return _fail(f"cannot exec {runtime}: {exc.strerror}", EXIT_RUNTIME_UNAVAILABLE, environ)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -164,16 +165,31 @@ def test_single_file_passthrough_execs_the_runtime(pyz: str, tmp_path: Any) -> N
 
 def test_single_file_hot_path_stays_small(pyz: str, tmp_path: Any) -> None:
     """A passthrough through the single file loads no heavy module and no runpy/site."""
-    # -I ignores PYTHONPROFILEIMPORTTIME: an interpreter wrapper adds -X importtime instead.
-    python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\nexec {sys.executable} -X importtime "$@"\n')
-    python.chmod(0o755)
+    # Run exactly what the file's env -S shebang runs, with -X importtime added
+    # (-I ignores PYTHONPROFILEIMPORTTIME).
+    with open(pyz, "rb") as f:
+        shebang = f.readline().decode()
+    interpreter, *flags = shlex.split(shebang.split(" -S ", 1)[1])
+    assert interpreter == sys.executable
     env = {"PATH": os.environ["PATH"], "RUNC_GUARD_RUNTIME": "/bin/true",
            "RUNC_GUARD_CONFIG": str(tmp_path / "none.toml"),
-           "RUNC_GUARD_CACHE_DIR": str(tmp_path / "cache"), "RUNC_GUARD_PYTHON": str(python)}
-    modules = imported_modules([pyz, "state", "c1"], env)
+           "RUNC_GUARD_CACHE_DIR": str(tmp_path / "cache")}
+    modules = imported_modules([interpreter, "-X", "importtime", *flags, pyz, "state", "c1"], env)
     assert "runc_guard.shim" in modules
     assert not modules & {*HEAVY, "runpy", "site", "zlib"}
+
+
+def test_single_file_environment_is_exact(pyz: str, tmp_path: Any) -> None:
+    """The runtime gets exactly the caller's environment: no PWD/SHLVL from a shell, no LC_CTYPE."""
+    dump = tmp_path / "env"
+    runtime = tmp_path / "fake-runc"
+    runtime.write_text(f"#!/bin/sh\ncat /proc/$$/environ > {dump}\n")
+    runtime.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "RUNC_GUARD_RUNTIME": str(runtime),
+           "RUNC_GUARD_CONFIG": str(tmp_path / "none.toml"), "RUNC_GUARD_CACHE_DIR": str(tmp_path / "c")}
+    subprocess.run([pyz, "state", "c1"], env=env, cwd=str(tmp_path), check=True, timeout=60)
+    got = dict(item.split("=", 1) for item in dump.read_text().split("\0") if item)
+    assert got == env
 
 
 def test_single_file_admin_tool_and_native_modules(pyz: str, tmp_path: Any) -> None:

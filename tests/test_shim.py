@@ -24,6 +24,7 @@ def recorder(tmp_path: os.PathLike[str]) -> str:
         out.write(
             "#!/bin/sh\n"
             'grep SigIgn: /proc/$$/status > "$RECORD_TO.sig"\n'
+            'cat /proc/$$/environ > "$RECORD_TO.env"\n'
             f'exec {sys.executable} -I {src} "$@"\n'
         )
     os.chmod(path, 0o755)
@@ -358,3 +359,15 @@ def test_bad_runtime_type_is_config_error(shim_binary: str, tmp_path: os.PathLik
     )
     assert proc.returncode == 78
     assert "runtime" in proc.stderr
+
+
+def test_environment_is_byte_identical(shim_binary: str, recorder: str, tmp_path: os.PathLike[str]) -> None:
+    """The runtime's environment is exactly the caller's: no LC_CTYPE from CPython's locale coercion."""
+    env = isolated_env(tmp_path, {"RUNC_GUARD_RUNTIME": recorder, "RECORD_TO": os.path.join(tmp_path, "rec")})
+    assert not any(k.startswith(("LC_", "LANG")) for k in env)  # the C locale: coercion would apply
+    env_b = {k.encode(): v.encode() for k, v in env.items()}
+    env_b[b"BINARY_VALUE"] = b"\xff\xfe"
+    subprocess.run([shim_binary, "state", "c1"], env=env_b, capture_output=True, check=True)
+    with open(os.path.join(tmp_path, "rec.env"), "rb") as f:
+        got = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if item)
+    assert got == env_b

@@ -1,15 +1,14 @@
-"""Assemble runc-guard.pyz: one executable file, a POSIX sh prelude followed by a zip.
+"""Assemble runc-guard.pyz: one executable file, a one-line ``env -S`` prelude followed by a zip.
 
 Usage: build_pyz.py REPO DEPS_DIR OUT [PYTHON]
 
 The zip holds runc_guard, its dependencies (DEPS_DIR, a ``pip install --target``)
 and an unchecked-hash .pyc beside every .py (zipimport's layout: the hot path
-never compiles and never checks a source). The prelude ``exec``s
-``PYTHON -IS -c <3 statements>`` with the file itself on ``sys.path``. Why not a
+never compiles and never checks a source). The prelude runs
+``PYTHON -IS -c <2 statements>`` with the file itself on ``sys.path``. Why not a
 plain zipapp: running a zip makes CPython import ``runpy`` and its dependencies
 (~3 ms, a third of an interpreter start) and a zipapp's shebang cannot skip
-``site``; sh never reads past its ``exec`` line, keeps the pid and passes fds,
-environment and signal dispositions through unchanged. Extension modules
+``site``. Extension modules
 (psutil) go under ``_native/`` and are extracted on first use by runc-guardctl
 only. ``python3 runc-guard.pyz ...`` works too (zipimport skips the prelude).
 """
@@ -25,15 +24,18 @@ import sys
 import zipfile
 
 SKIP_DIRS = {"__pycache__", "bin"}
-PRELUDE = """#!/bin/sh
-# runc-guard single-file build: this sh prelude, then a zip archive that
-# python3 imports from through zipimport. Invoked as runc-guardctl (a symlink)
-# it is the admin tool, under any other name the runtime shim. sh never reads
-# past the exec line below; RUNC_GUARD_PYTHON picks another interpreter.
-exec "${RUNC_GUARD_PYTHON:-@PYTHON@}" -IS -c \\
-'import sys;sys.argv[:2]=sys.argv[1:2];sys.path.insert(0,sys.argv[0]);import _runc_guard_main' \\
-"$0" "$@"
-"""
+#: The first line is the whole prelude: env -S splits it into python's argv and
+#: execs it (same pid, fds, signal dispositions). Not sh: dash and bash export a
+#: PWD (bash also SHLVL and _) the caller never set, and the runtime would inherit
+#: them. Linux reads 255 bytes of a shebang (127 before 5.1: the build warns);
+#: env -S needs coreutils >= 8.30. _runc_guard_main drops the leading "-c" from argv.
+PRELUDE = (
+    "#!/usr/bin/env -S @PYTHON@ -IS -c "
+    "'import sys;sys.path[:0]=sys.argv[1:2];import _runc_guard_main'\n"
+)
+MAX_SHEBANG = 255
+PORTABLE_SHEBANG = 127
+
 NATIVE_SUFFIXES = (".so",)
 
 
@@ -99,8 +101,14 @@ def build(repo: str, deps: str, out: str, python: str) -> None:
                 zf.writestr(rel + "c", _pyc(data, rel), compress_type=method)
         if native:
             zf.writestr("_native/BUILD", native_hash.hexdigest()[:16] + "\n")
+    prelude = PRELUDE.replace("@PYTHON@", python).encode()
+    if len(prelude) > MAX_SHEBANG or b" " in python.encode() or b"'" in python.encode():
+        raise SystemExit(f"interpreter path {python!r} does not fit a shebang line")
+    if len(prelude) > PORTABLE_SHEBANG:
+        print(f"warning: {len(prelude)}-byte shebang: kernels before 5.1 read only "
+              f"{PORTABLE_SHEBANG}; use a shorter interpreter path for them", file=sys.stderr)
     with open(out + ".tmp", "wb") as f:
-        f.write(PRELUDE.replace("@PYTHON@", python).encode())
+        f.write(prelude)
         f.write(buf.getvalue())
     os.chmod(out + ".tmp", 0o755 | stat.S_IFREG)
     os.replace(out + ".tmp", out)

@@ -7,6 +7,8 @@
 # another version falls back to the .py source).
 import sys
 
+if sys.argv[0] == "-c":  # run by the file's own prelude: argv[1] is the file as invoked
+    del sys.argv[0]
 if sys.argv[0].rpartition("/")[2] != "runc-guardctl":
     from runc_guard.shim import main
 
