@@ -16,6 +16,8 @@ import tempfile
 import time
 from collections.abc import Sequence
 
+from integration.lab import cgroup_mount_points
+
 
 def spawn_time(argv: Sequence[str], env: dict[str, str] | None = None) -> float:
     """Wall time of one run of ``argv`` (posix_spawn + waitpid), stdout/stderr to /dev/null."""
@@ -135,13 +137,7 @@ def sys_percent(before: tuple[int, int], after: tuple[int, int]) -> float:
 
 def cgroup_mounts() -> list[str]:
     """Every cgroup hierarchy mounted in this mount namespace (v1 and v2), sorted."""
-    points = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            if right.split(" ", 1)[0] in ("cgroup", "cgroup2"):
-                points.append(left.split(" ")[4])
-    return sorted(points)
+    return cgroup_mount_points()
 
 
 def remove_subtree(path: str) -> int:

@@ -22,6 +22,8 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from runc_guard.cgroupfs import cgroup_mounts
+
 CGROUP_ROOT = "/sys/fs/cgroup"
 FREEZER = "/sys/fs/cgroup/freezer"
 BUSYBOX = shutil.which("busybox") or "/bin/busybox"
@@ -33,14 +35,8 @@ def unique(prefix: str = "rgtest") -> str:
 
 
 def cgroup_mount_points() -> list[str]:
-    """Every mounted cgroup hierarchy (v1 and v2) in this mount namespace."""
-    points = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            if right.split(" ", 1)[0] in ("cgroup", "cgroup2"):
-                points.append(left.split(" ")[4])
-    return points
+    """Every mounted cgroup hierarchy (v1 and v2) in this mount namespace, sorted."""
+    return sorted(cgroup_mounts())
 
 
 def is_pure_v2() -> bool:
