@@ -8,7 +8,6 @@ own. Every fixture stops what it started, by pid, even when a test fails.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -80,13 +79,9 @@ def guarded(
     tmp_path_factory: pytest.TempPathFactory, journal: Journald | None
 ) -> Iterator[cl.GuardedLab]:
     """The session's hybrid containerd, runc-guard settings in its environment."""
-    workdir = str(tmp_path_factory.mktemp("rgctd-hybrid"))
     socket = journal.socket if journal is not None else None
-    try:
-        with cl.guarded_containerd(workdir, cl.HYBRID, socket) as lab:
-            yield lab
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with cl.guarded_containerd_in(tmp_path_factory, "rgctd-hybrid", cl.HYBRID, socket) as lab:
+        yield lab
 
 
 @pytest.fixture

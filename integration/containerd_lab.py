@@ -28,6 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from integration.lab import (
     BUSYBOX,
@@ -548,6 +549,19 @@ def guarded_containerd(
             os.symlink(guard_binary(), os.path.join(workdir, "bin", alias))
     with running_containerd(workdir, settings, layout) as lab:
         yield GuardedLab(lab, settings, workdir)
+
+
+@contextlib.contextmanager
+def guarded_containerd_in(
+    factory: Any, name: str, layout: str = HYBRID, journal_socket: str | None = None, **overrides: str
+) -> Iterator[GuardedLab]:
+    """guarded_containerd in a fresh temp dir from pytest's ``tmp_path_factory``, removed afterwards."""
+    workdir = str(factory.mktemp(name))
+    try:
+        with guarded_containerd(workdir, layout, journal_socket, **overrides) as lab:
+            yield lab
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @dataclass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -16,12 +15,8 @@ pytestmark = pytest.mark.kernel
 @pytest.fixture(scope="module")
 def short_deadline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cl.GuardedLab]:
     """containerd whose runc-guard gives up after 1 s (RUNC_GUARD_DELETE_TIMEOUT)."""
-    workdir = str(tmp_path_factory.mktemp("rgctd-deadline"))
-    try:
-        with cl.guarded_containerd(workdir, RUNC_GUARD_DELETE_TIMEOUT="1") as lab:
-            yield lab
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with cl.guarded_containerd_in(tmp_path_factory, "rgctd-deadline", RUNC_GUARD_DELETE_TIMEOUT="1") as lab:
+        yield lab
 
 
 def test_delete_fails_with_runc_guards_reason_and_keeps_the_record(

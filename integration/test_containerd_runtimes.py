@@ -74,12 +74,8 @@ def legacy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cl.GuardedLab]:
     v2 tree has hugetlb) and fails under pure v2 here (setrlimit RLIMIT_MEMLOCK: EPERM)."""
     if not shutil.which("crun"):
         pytest.skip("crun is not installed (make deps installs it)")
-    workdir = str(tmp_path_factory.mktemp("rgctd-legacy"))
-    try:
-        with cl.guarded_containerd(workdir, cl.LEGACY) as lab:
-            yield lab
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with cl.guarded_containerd_in(tmp_path_factory, "rgctd-legacy", cl.LEGACY) as lab:
+        yield lab
 
 
 def test_stock_crun_leaks(legacy: cl.GuardedLab) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import statistics
 from collections.abc import Iterator
 
@@ -29,15 +28,11 @@ def storm_lab(
     tmp_path_factory: pytest.TempPathFactory, journal: Journald | None
 ) -> Iterator[cl.GuardedLab]:
     """A containerd of its own whose runc-guard waits up to STORM_DELETE_TIMEOUT."""
-    workdir = str(tmp_path_factory.mktemp("rgctd-storm"))
     socket = journal.socket if journal is not None else None
-    try:
-        with cl.guarded_containerd(
-            workdir, cl.HYBRID, socket, RUNC_GUARD_DELETE_TIMEOUT=STORM_DELETE_TIMEOUT
-        ) as lab:
-            yield lab
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with cl.guarded_containerd_in(
+        tmp_path_factory, "rgctd-storm", cl.HYBRID, socket, RUNC_GUARD_DELETE_TIMEOUT=STORM_DELETE_TIMEOUT
+    ) as lab:
+        yield lab
 
 
 def test_storm_leaves_nothing_where_stock_runc_leaks(summary: list[str], storm_lab: cl.GuardedLab) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -14,12 +13,8 @@ pytestmark = pytest.mark.kernel
 
 @pytest.fixture(scope="module")
 def unified(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cl.GuardedLab]:
-    workdir = str(tmp_path_factory.mktemp("rgctd-v2"))
-    try:
-        with cl.guarded_containerd(workdir, cl.UNIFIED) as lab:
-            yield lab
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with cl.guarded_containerd_in(tmp_path_factory, "rgctd-v2", cl.UNIFIED) as lab:
+        yield lab
 
 
 def test_containerd_sees_only_cgroup2(unified: cl.GuardedLab) -> None:
