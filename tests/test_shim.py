@@ -50,14 +50,7 @@ def run_shim(
     shim: str, args: list[bytes | str], recorder: str, tmp: str, **kw: object
 ) -> tuple[subprocess.CompletedProcess[bytes], dict]:  # type: ignore[type-arg]
     record = os.path.join(tmp, "record.json")
-    env = {
-        "PATH": os.environ["PATH"],
-        "RUNC_GUARD_RUNTIME": recorder,
-        "RUNC_GUARD_CONFIG": os.path.join(tmp, "none.toml"),
-        "RUNC_GUARD_CACHE_DIR": os.path.join(tmp, "cache"),
-        "RECORD_TO": record,
-        "ODD_VAR": "x=y\nz",
-    }
+    env = isolated_env(tmp, {"RUNC_GUARD_RUNTIME": recorder, "RECORD_TO": record, "ODD_VAR": "x=y\nz"})
     proc = subprocess.run([shim, *args], env=env, capture_output=True, check=False, **kw)  # type: ignore[call-overload]
     with open(record) as f:
         return proc, json.load(f)
@@ -104,9 +97,7 @@ def test_passthrough_keeps_pid_fds_and_signals(
             env=isolated_env(
                 tmp_path,
                 {
-                    "PATH": os.environ["PATH"],
                     "RUNC_GUARD_RUNTIME": recorder,
-                    "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "none"),
                     "RECORD_TO": os.path.join(tmp_path, "rec"),
                 },
             ),
@@ -136,10 +127,8 @@ def test_exit_status_passes_through(
         env=isolated_env(
             tmp_path,
             {
-                "PATH": os.environ["PATH"],
                 "RUNC_GUARD_RUNTIME": recorder,
                 "RECORD_EXIT": str(status),
-                "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "none"),
                 "RECORD_TO": os.path.join(tmp_path, "rec"),
             },
         ),
@@ -177,11 +166,7 @@ def test_very_long_argv(shim_binary: str, recorder: str, tmp_path: os.PathLike[s
 
 def test_hot_path_imports_no_heavy_modules(shim_binary: str, tmp_path: os.PathLike[str]) -> None:
     """A passthrough loads none of click/structlog/psutil/tenacity/tomllib/dataclasses/re."""
-    env = {
-        "PATH": os.environ["PATH"],
-        "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "none"),
-        "PYTHONPROFILEIMPORTTIME": "1",
-    }
+    env = isolated_env(tmp_path, {"PYTHONPROFILEIMPORTTIME": "1"})
     proc = subprocess.run([shim_binary, "--version"], env=env, capture_output=True, text=True, check=True)
     imported = {
         line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")
@@ -196,12 +181,7 @@ def test_hot_path_with_warm_settings_cache(shim_binary: str, tmp_path: os.PathLi
     config = os.path.join(tmp_path, "config.toml")
     with open(config, "w") as f:
         f.write('runtime = "runc"\n')
-    env = {
-        "PATH": os.environ["PATH"],
-        "RUNC_GUARD_CONFIG": config,
-        "RUNC_GUARD_CACHE_DIR": os.path.join(tmp_path, "cache"),
-        "PYTHONPROFILEIMPORTTIME": "1",
-    }
+    env = isolated_env(tmp_path, {"RUNC_GUARD_CONFIG": config, "PYTHONPROFILEIMPORTTIME": "1"})
     runs = [
         subprocess.run([shim_binary, "--version"], env=env, capture_output=True, text=True, check=True)
         for _ in range(2)
@@ -222,8 +202,6 @@ def test_loop_to_itself_is_refused(shim_binary: str, tmp_path: os.PathLike[str])
                 {
                     "PATH": path,
                     "RUNC_GUARD_RUNTIME": runtime,
-                    "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "n"),
-                    "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp_path, "nosock"),
                 },
             ),
             capture_output=True,
@@ -276,8 +254,6 @@ def test_missing_runtime(shim_binary: str, tmp_path: os.PathLike[str], runtime: 
             {
                 "PATH": "/usr/bin:/bin",
                 "RUNC_GUARD_RUNTIME": runtime,
-                "RUNC_GUARD_CONFIG": os.path.join(tmp_path, "n"),
-                "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp_path, "nosock"),
             },
         ),
         capture_output=True,
@@ -300,10 +276,8 @@ def test_runtime_chosen_by_invoked_name(shim_binary: str, recorder: str, tmp_pat
         env=isolated_env(
             tmp_path,
             {
-                "PATH": os.environ["PATH"],
                 "RUNC_GUARD_CONFIG": config,
                 "RECORD_TO": os.path.join(tmp_path, "rec"),
-                "RUNC_GUARD_CACHE_DIR": os.path.join(tmp_path, "cache"),
             },
         ),
         capture_output=True,
@@ -325,11 +299,9 @@ def test_broken_settings_file_still_passes_through(
         env=isolated_env(
             tmp_path,
             {
-                "PATH": os.environ["PATH"],
                 "RUNC_GUARD_RUNTIME": recorder,
                 "RUNC_GUARD_CONFIG": config,
                 "RECORD_TO": os.path.join(tmp_path, "rec"),
-                "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp_path, "n"),
             },
         ),
         capture_output=True,
@@ -348,9 +320,7 @@ def test_bad_runtime_type_is_config_error(shim_binary: str, tmp_path: os.PathLik
         env=isolated_env(
             tmp_path,
             {
-                "PATH": os.environ["PATH"],
                 "RUNC_GUARD_CONFIG": config,
-                "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp_path, "n"),
             },
         ),
         capture_output=True,
