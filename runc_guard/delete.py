@@ -36,7 +36,7 @@ from runc_guard.errors import (
 )
 from runc_guard.logs import make_logger
 from runc_guard.paths import check_container_paths
-from runc_guard.pending import PendingRecord, record_path, remove_record, write_record
+from runc_guard.pending import PendingRecord, remove_record, write_record
 from runc_guard.runtime import run_runtime_child
 from runc_guard.settings_file import config_path
 from runc_guard.state import read_state, runtime_state_exists
@@ -58,14 +58,12 @@ class DeleteRun:
         runtime: str,
         settings: Settings,
         config_error: ConfigError | None,
-        environ: Mapping[str, str],
     ) -> None:
         self.invocation = invocation
         self.args = args
         self.runtime = runtime
         self.settings = settings
         self.config_error = config_error
-        self.environ = environ
         self.started = time.monotonic()
         assert invocation.container_id is not None
         self.container_id: str = invocation.container_id
@@ -249,18 +247,13 @@ def run_delete(
         except ConfigError:
             settings = Settings()
     try:
-        return DeleteRun(invocation, args, runtime, settings, config_error, environ).run()
+        return DeleteRun(invocation, args, runtime, settings, config_error).run()
     except Exception as exc:  # noqa: BLE001 - the boundary: no traceback may reach containerd
-        try:
-            import traceback
+        import traceback
 
-            from runc_guard.journal import send_minimal
+        from runc_guard.journal import send_minimal
 
-            send_minimal(dict(environ), "internal_error", traceback.format_exc(), priority=2)
-        except Exception:  # noqa: BLE001
-            pass
+        send_minimal(environ, "internal_error", traceback.format_exc(), priority=2)
         sys.stderr.write(f"{PROG}: internal error: {type(exc).__name__}: {exc}\n")
         return EXIT_INTERNAL
 
-
-__all__ = ["record_path", "run_delete"]

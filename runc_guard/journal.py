@@ -15,6 +15,7 @@ import errno
 import os
 import socket
 import struct
+from collections.abc import Mapping
 
 DEFAULT_SOCKET = "/run/systemd/journal/socket"
 IDENTIFIER = "runc-guard"
@@ -75,16 +76,18 @@ def send(fields: dict[str, object], socket_path: str = DEFAULT_SOCKET) -> bool:
         sock.close()
 
 
-def send_minimal(environ: os._Environ[str] | dict[str, str], event: str, message: str, priority: int) -> bool:
-    """An entry from the passthrough path, which has no settings object (stdlib only)."""
+def send_minimal(environ: Mapping[str, str], event: str, message: str, priority: int) -> bool:
+    """An entry from a path that has no settings object (stdlib only). Never raises:
+    it reports failures that must reach the caller whatever the journal does."""
     path = environ.get("RUNC_GUARD_JOURNAL_SOCKET") or DEFAULT_SOCKET
-    return send(
-        {
-            "MESSAGE": f"{event}: {message}",
-            "PRIORITY": priority,
-            "SYSLOG_IDENTIFIER": IDENTIFIER,
-            "EVENT": event,
-            "RUNC_GUARD_PID": os.getpid(),
-        },
-        path,
-    )
+    fields: dict[str, object] = {
+        "MESSAGE": f"{event}: {message}",
+        "PRIORITY": priority,
+        "SYSLOG_IDENTIFIER": IDENTIFIER,
+        "EVENT": event,
+        "RUNC_GUARD_PID": os.getpid(),
+    }
+    try:
+        return send(fields, path)
+    except Exception:  # noqa: BLE001 - logging must never change the outcome
+        return False

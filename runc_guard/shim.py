@@ -22,16 +22,18 @@ from runc_guard.settings_file import cache_dir, config_path, read_settings_file
 PROG = "runc-guard"
 
 
-def _fail(message: str, code: int, environ: dict[str, str] | os._Environ[str]) -> int:
+def _journal(environ: os._Environ[str], event: str, message: str, priority: int) -> None:
+    """A journal entry from the shim; ``socket`` (~7 ms) loads only on these rare paths."""
+    from runc_guard.journal import send_minimal
+
+    send_minimal(environ, event, message, priority)
+
+
+def _fail(message: str, code: int, environ: os._Environ[str]) -> int:
     """Report a failure to start the runtime: one stderr line and a journal entry."""
     sys.stderr.write(f"{PROG}: {message}\n")
     sys.stderr.flush()
-    try:
-        from runc_guard.journal import send_minimal
-
-        send_minimal(environ, "runtime_unavailable", message, priority=3)
-    except Exception:  # noqa: BLE001 - logging must never change the outcome
-        pass
+    _journal(environ, "runtime_unavailable", message, 3)
     return code
 
 
@@ -68,12 +70,7 @@ def main() -> int:
         sys.stderr.flush()
         os._exit(status)
     if config_problem is not None:
-        try:
-            from runc_guard.journal import send_minimal
-
-            send_minimal(environ, "config_invalid", config_problem + "; using defaults", 4)
-        except Exception:  # noqa: BLE001 - logging must never change the outcome
-            pass
+        _journal(environ, "config_invalid", config_problem + "; using defaults", 4)
     try:
         exec_runtime(runtime, args)
     except OSError as exc:
