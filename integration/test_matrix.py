@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -110,7 +110,7 @@ def _sweep(cell: Cell, ns: str, task_id: str) -> subprocess.CompletedProcess[str
     )
 
 
-def test_path_b_host_pid(cell: Cell, ns: str) -> None:
+def test_path_b_host_pid(cell: Cell, ns: str, record_property: Callable[[str, object], None]) -> None:
     """Stock leaks dirs or state on the incident's path; runc-guard leaves nothing."""
     lab = cell.containerd
     stock = cl.path_b_crash(lab, ns, cell.runc, delay=2.5)
@@ -126,8 +126,8 @@ def test_path_b_host_pid(cell: Cell, ns: str) -> None:
         )
     finally:
         cl.remove_dirs(guard.left)
-    print(f"\n[matrix] {cell.name} path-b-host-pid: stock dirs={stock_left[0]} state={stock_left[1]}"
-          f" | runc-guard dirs=0 state=False records=0")
+    record_property("figure", f"matrix {cell.name} path-b-host-pid: stock dirs={stock_left[0]}"
+                    f" state={stock_left[1]} | runc-guard dirs=0 state=False records=0")
 
 
 def _own_pid_crash(cell: Cell, ns: str, binary: str, delay: float) -> tuple[cl.Task, float]:
@@ -153,7 +153,9 @@ def _own_pid_crash(cell: Cell, ns: str, binary: str, delay: float) -> tuple[cl.T
         lab.ctr(ns, "container", "rm", task.id, check=False)
 
 
-def test_path_b_own_pid_namespace_past_the_cleanup_budget(cell: Cell, ns: str) -> None:
+def test_path_b_own_pid_namespace_past_the_cleanup_budget(
+    cell: Cell, ns: str, record_property: Callable[[str, object], None]
+) -> None:
     """A 7 s teardown in the task's own PID namespace: stock leaks; runc-guard reports at its
     deadline (before containerd's kill) and the sweep finishes the orphaned state: 0 left."""
     if cell.containerd.layout == cl.UNIFIED:
@@ -172,8 +174,9 @@ def test_path_b_own_pid_namespace_past_the_cleanup_budget(cell: Cell, ns: str) -
     left = _left(cell, ns, guard.id, guard.cgroup_dirs())
     cl.remove_dirs(guard.cgroup_dirs())
     assert left == (0, False, 0), sweep.stdout
-    print(f"\n[matrix] {cell.name} path-b-own-pid-7s: stock dirs={stock_left[0]} state={stock_left[1]}"
-          f" | runc-guard deadline at {deletes[0]['total_ms']} ms, after sweep dirs=0 state=False records=0")
+    record_property("figure", f"matrix {cell.name} path-b-own-pid-7s: stock dirs={stock_left[0]}"
+                    f" state={stock_left[1]} | runc-guard exit 75 after {deletes[0]['total_ms']} ms,"
+                    " after the sweep dirs=0 state=False records=0")
 
 
 def test_path_a(cell: Cell, ns: str) -> None:
