@@ -158,6 +158,7 @@ class DeleteRun:
             self.fail(end.reason)
         total_ms = int((self.clock() - self.started) * 1000)
         entry = dict(self.canonical, outcome=end.outcome, exit_status=end.status, total_ms=total_ms)
+        entry.update(_own_cost())
         entry["pending_record"] = self.record if os.path.exists(self.record or "") else None
         if end.reason:
             entry["reason"] = end.reason
@@ -496,6 +497,19 @@ def _sibling_invocation(parent: Invocation, container_id: str) -> Invocation:
     return parse([*parent.global_args(with_log=False), "delete", "--force", container_id])
 
 
+def _own_cost() -> dict[str, int]:
+    """What this delete cost so far: runc-guard's own CPU, the runtime children's, peak RSS."""
+    import resource
+
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "cpu_ms": round((me.ru_utime + me.ru_stime) * 1000),
+        "runtime_cpu_ms": round((children.ru_utime + children.ru_stime) * 1000),
+        "maxrss_kb": me.ru_maxrss,
+    }
+
+
 def append_stats(stats_file: str, outcome: str, entry: Mapping[str, Any]) -> None:
     """One small line per delete for ``runc-guardctl metrics`` to aggregate (no daemon)."""
     line = json.dumps(
@@ -505,6 +519,7 @@ def append_stats(stats_file: str, outcome: str, entry: Mapping[str, Any]) -> Non
             "waited_ms": entry.get("waited_ms", 0),
             "removed": entry.get("removed", 0),
             "killed": len(entry.get("stragglers_killed", ())),
+            "cpu_ms": entry.get("cpu_ms", 0),
         }
     )
     try:
