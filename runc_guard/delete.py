@@ -141,6 +141,8 @@ class DeleteRun:
             "runtime_runs": 0,
         }
         self.record: str | None = None
+        #: runc-guard had to wait for (or kill) processes before the runtime could run.
+        self.waited = False
 
     # -- reporting -------------------------------------------------------------
 
@@ -326,8 +328,10 @@ class DeleteRun:
             return ("runtime_failed", run.status, f"runtime exited with status {run.status}")
         report = self._remove(paths, may_kill, watch_foreign, runtime_status=run.status)
         remove_record(self.record or "")
-        outcome = "removed" if report.removed else "already_gone"
-        return (outcome, run.status, "")
+        # "removed": runc-guard had work to do (waited for or killed processes, or removed
+        # directories itself); "already_gone": the runtime alone left nothing behind.
+        worked = self.waited or bool(report.removed) or bool(report.killed) or report.attempts > 1
+        return ("removed" if worked else "already_gone", run.status, "")
 
     def _rerun_while_busy(
         self, run: RuntimeRun, state: ContainerState, paths: list[str], may_kill: bool, watch_foreign: bool
@@ -382,6 +386,7 @@ class DeleteRun:
         except ForeignProcess as exc:
             self._account(exc.report)
             self._step_aside(str(exc), None if before_runtime else 0)
+        self.waited = self.waited or report.attempts > 1 or bool(report.killed)
         self._account(report)
 
     def _remove(

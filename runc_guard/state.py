@@ -14,7 +14,7 @@ import errno
 import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from runc_guard.errors import StateMissing, StateUnreadable
@@ -209,6 +209,29 @@ def parse_crun_status(
     )
 
 
+def _with_oci_config(state: ContainerState, path: str) -> ContainerState:
+    """crun keeps the container's OCI config.json beside its status: the PID namespace and
+    the annotations (CRI sandbox id) come from there. Unreadable: the state as it was."""
+    try:
+        raw = _read(path)
+        doc = _json_object(raw, path) if raw is not None else {}
+    except StateUnreadable:
+        return state
+    linux = doc.get("linux")
+    namespaces = linux.get("namespaces") if isinstance(linux, dict) else None
+    pid_namespace = state.pid_namespace
+    if isinstance(namespaces, list):
+        pid_namespace = PID_HOST
+        for ns in namespaces:
+            if isinstance(ns, dict) and ns.get("type") == "pid":
+                pid_namespace = PID_JOINED if ns.get("path") else PID_PRIVATE
+    annotations = doc.get("annotations")
+    labels = dict(state.labels)
+    if isinstance(annotations, dict):
+        labels.update({k: v for k, v in annotations.items() if isinstance(k, str) and isinstance(v, str)})
+    return replace(state, pid_namespace=pid_namespace, labels=labels)
+
+
 def runtime_state_exists(root: str, container_id: str) -> bool:
     """Whether the runtime (runc or crun) still has state for the container."""
     return os.path.exists(state_file(root, container_id)) or os.path.exists(
@@ -244,5 +267,6 @@ def read_state(
         crun_path = crun_status_file(root, container_id)
         raw = _read(crun_path)
         if raw is not None:
-            return parse_crun_status(raw, container_id, mounts(), crun_path)
+            state = parse_crun_status(raw, container_id, mounts(), crun_path)
+            return _with_oci_config(state, os.path.join(root, container_id, "config.json"))
     raise StateMissing(f"no runtime state at {path}")
