@@ -167,10 +167,7 @@ class DeleteRun:
         if end.outcome == "unknown":
             self.log.debug("delete", **entry)  # nothing happened: no entry at info, no metric
             return end.status
-        level = "info" if end.status == 0 else "error"
-        if end.outcome in ("stepped_aside", "runtime_failed", "state_kept"):
-            level = "warning"
-        getattr(self.log, level)("delete", **entry)
+        getattr(self.log, _level(end))("delete", **entry)
         append_stats(self.settings.stats_file, end.outcome, entry)
         return end.status
 
@@ -487,6 +484,20 @@ class DeleteRun:
             end.failed = False  # the sandbox's caller asked about the sandbox only
             return self.finish(end)
         raise AssertionError("every delete ends with an Outcome")  # pragma: no cover
+
+
+#: Outcomes where the runtime decided, not runc-guard: worth a look, not an alarm.
+_WARNING_OUTCOMES = frozenset({"stepped_aside", "runtime_failed", "state_kept", "no_state"})
+
+
+def _level(end: Outcome) -> str:
+    """error for runc-guard's own failures; warning where the runtime decided; else info.
+
+    A finished record whose runtime answered "does not exist" (exit 1) is a success.
+    """
+    if end.failed:
+        return "error"
+    return "warning" if end.outcome in _WARNING_OUTCOMES else "info"
 
 
 def _state_ids(root: str) -> list[str]:
