@@ -1,0 +1,317 @@
+"""The scope unit of a systemd-driver container: naming from runc's state, decisions, bounded calls."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+from runc_guard import systemd_scope as ss
+
+ID = "0123456789abcdef" * 4
+MEM = "/sys/fs/cgroup/memory"
+POD = "kubepods-burstable-pod8f1c3c1e_7a4e_4a43_9a3d_1f0f0f0f0f0f.slice"
+
+#: config.cgroups as runc 1.1.5 writes it for ``--systemd-cgroup`` and cgroupsPath
+#: ``<pod slice>:cri-containerd:<id>`` (captured in integration/systemd_lab).
+RUNC_115_SYSTEMD = {
+    "name": ID,
+    "parent": POD,
+    "path": "",
+    "scope_prefix": "cri-containerd",
+    "cpu_shares": 1024,
+    "Systemd": True,
+    "Rootless": False,
+}
+#: The cgroupfs driver: ``path`` set, no name, ``"Systemd": false``.
+RUNC_CGROUPFS = {"path": f"/kubepods/burstable/pod1/{ID}", "scope_prefix": "", "Systemd": False}
+
+
+def state(cgroups: object) -> dict[str, Any]:
+    return {"id": ID, "config": {"cgroups": cgroups}, "cgroup_paths": {}}
+
+
+# -- naming ---------------------------------------------------------------------
+
+
+def test_scope_from_runc_115_systemd_state() -> None:
+    """runc's systemd state names ``<scope_prefix>-<name>.scope`` in the pod slice."""
+    ref = ss.scope_from_state(state(RUNC_115_SYSTEMD))
+    assert ref == ss.ScopeRef(unit=f"cri-containerd-{ID}.scope", slice=POD, systemd_driver=True)
+
+
+def test_cgroupfs_state_has_no_scope() -> None:
+    """A cgroupfs-driver container has no unit: nothing to ask systemd."""
+    assert ss.scope_from_state(state(RUNC_CGROUPFS)) is None
+
+
+@pytest.mark.parametrize(
+    ("cgroups", "expected"),
+    [
+        ({**RUNC_115_SYSTEMD, "scope_prefix": ""}, f"{ID}.scope"),
+        ({**RUNC_115_SYSTEMD, "scope_prefix": "docker"}, f"docker-{ID}.scope"),
+        ({**RUNC_115_SYSTEMD, "parent": ""}, f"cri-containerd-{ID}.scope"),
+        # runc makes a slice when the name is one: pod-level, never ours to stop.
+        ({**RUNC_115_SYSTEMD, "name": "kubepods-pod1.slice"}, None),
+        ({**RUNC_115_SYSTEMD, "Systemd": False}, None),
+        ({**RUNC_115_SYSTEMD, "Systemd": "true"}, None),
+        ({k: v for k, v in RUNC_115_SYSTEMD.items() if k != "Systemd"}, None),
+        ({**RUNC_115_SYSTEMD, "name": ""}, None),
+        ({**RUNC_115_SYSTEMD, "name": 5}, None),
+        ({**RUNC_115_SYSTEMD, "name": "../../etc"}, None),
+        ({**RUNC_115_SYSTEMD, "name": "a/b"}, None),
+        ({**RUNC_115_SYSTEMD, "name": "x" * 300}, None),
+        ({**RUNC_115_SYSTEMD, "parent": "not-a-slice"}, None),
+        ({**RUNC_115_SYSTEMD, "parent": "../x.slice"}, None),
+        ({**RUNC_115_SYSTEMD, "name": "a b"}, None),
+    ],
+)
+def test_scope_naming_table(cgroups: dict[str, object], expected: str | None) -> None:
+    """Only a well-formed systemd-driver state yields a scope unit; anything odd yields none."""
+    ref = ss.scope_from_state(state(cgroups))
+    assert (ref.unit if ref else None) == expected
+
+
+@pytest.mark.parametrize("doc", [{}, {"config": None}, {"config": {"cgroups": []}}, {"config": []}])
+def test_scope_from_malformed_state(doc: dict[str, Any]) -> None:
+    """A state without a cgroups object names no unit (and raises nothing)."""
+    assert ss.scope_from_state(doc) is None
+
+
+def test_read_scope_from_state_file(tmp_path: Any) -> None:
+    """read_scope reads ``<root>/<id>/state.json``; a missing or broken file is None."""
+    root = str(tmp_path)
+    assert ss.read_scope(root, ID) is None
+    os.makedirs(os.path.join(root, ID))
+    path = os.path.join(root, ID, "state.json")
+    with open(path, "w") as f:
+        f.write("{not json")
+    assert ss.read_scope(root, ID) is None
+    with open(path, "w") as f:
+        json.dump(state(RUNC_115_SYSTEMD), f)
+    ref = ss.read_scope(root, ID)
+    assert ref is not None and ref.unit == f"cri-containerd-{ID}.scope"
+    os.unlink(path)
+    os.symlink("/etc/hostname", path)
+    assert ss.read_scope(root, ID) is None
+
+
+@pytest.mark.parametrize(
+    ("path", "unit"),
+    [
+        (
+            f"/sys/fs/cgroup/memory/kubepods.slice/{POD}/cri-containerd-{ID}.scope",
+            f"cri-containerd-{ID}.scope",
+        ),
+        (
+            f"/sys/fs/cgroup/memory/kubepods.slice/{POD}/cri-containerd-{ID}.scope/",
+            f"cri-containerd-{ID}.scope",
+        ),
+        (f"{MEM}/kubepods.slice/{POD}", None),
+        (f"{MEM}/kubepods/burstable/pod1/{ID}", None),
+    ],
+)
+def test_unit_of_cgroup_dir(path: str, unit: str | None) -> None:
+    """A cgroup directory named like a scope is that scope's unit; a slice or bare id is not."""
+    assert ss.unit_of_cgroup_dir(path) == unit
+
+
+def test_parse_show() -> None:
+    """systemctl show's Key=value lines become a UnitStatus; a collected unit is not loaded."""
+    text = (
+        "LoadState=loaded\nActiveState=failed\nSubState=failed\nResult=timeout\n"
+        "ControlGroup=/kubepods.slice/x\n"
+    )
+    status = ss.parse_show("u.scope", text)
+    assert (status.load_state, status.active_state, status.sub_state, status.result) == (
+        "loaded",
+        "failed",
+        "failed",
+        "timeout",
+    )
+    assert status.loaded
+    gone = ss.parse_show("u.scope", "LoadState=not-found\nActiveState=inactive\nSubState=dead\n")
+    assert not gone.loaded
+
+
+# -- decisions ------------------------------------------------------------------
+
+
+def status(load: str = "loaded", active: str = "active", sub: str = "running") -> ss.UnitStatus:
+    return ss.UnitStatus("u.scope", load, active, sub, "success", "/x")
+
+
+@pytest.mark.parametrize(
+    ("st", "empty", "action"),
+    [
+        (status("not-found", "inactive", "dead"), True, ss.NOTHING),
+        (status("not-found", "inactive", "dead"), False, ss.NOTHING),
+        (status(active="inactive", sub="dead"), True, ss.NOTHING),
+        (status(), True, ss.STOP),
+        (status(), False, ss.STOP),
+        (status(sub="abandoned"), False, ss.STOP),
+        (status(active="activating", sub="start"), False, ss.STOP),
+        (status(active="deactivating", sub="stop-sigkill"), False, ss.WAIT),
+        (status(active="deactivating", sub="stop-sigterm"), True, ss.WAIT),
+        (status(active="failed", sub="failed"), False, ss.WAIT),
+        (status(active="failed", sub="failed"), True, ss.RESET),
+    ],
+)
+def test_decide(st: ss.UnitStatus, empty: bool, action: str) -> None:
+    """Stop what is active, wait while systemd stops, reset a failed unit only once it is empty."""
+    assert ss.decide(st, empty) == action
+
+
+# -- the bounded calls, against a scripted systemd ---------------------------------
+
+
+class FakeSystemd:
+    """A scripted systemd for ``systemctl``: one unit whose state moves as a real scope's does."""
+
+    def __init__(self, active: str = "active", sub: str = "running", stop_to: str = "inactive") -> None:
+        self.active, self.sub = active, sub
+        self.loaded = True
+        self.stop_to = stop_to
+        self.calls: list[list[str]] = []
+
+    def __call__(self, args: list[str], deadline: float) -> subprocess.CompletedProcess[str]:
+        self.calls.append(args)
+        verb = args[0]
+        if verb == "show":
+            if not self.loaded:
+                out = "LoadState=not-found\nActiveState=inactive\nSubState=dead\nResult=success\n"
+            else:
+                out = (
+                    f"LoadState=loaded\nActiveState={self.active}\nSubState={self.sub}\n"
+                    "Result=timeout\nControlGroup=/kubepods.slice/u.scope\n"
+                )
+            return subprocess.CompletedProcess(args, 0, out, "")
+        if verb == "stop":
+            if self.stop_to == "inactive":
+                self.loaded = False  # a stopped transient scope is collected at once
+            else:
+                self.active, self.sub = self.stop_to, self.stop_to
+            return subprocess.CompletedProcess(args, 0, "", "")
+        if verb == "reset-failed":
+            if not self.loaded:
+                return subprocess.CompletedProcess(args, 1, "", "Unit u.scope not loaded.")
+            self.loaded = False
+            return subprocess.CompletedProcess(args, 0, "", "")
+        raise AssertionError(args)
+
+    def verbs(self) -> list[str]:
+        return [c[0] for c in self.calls if c[0] != "show"]
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeSystemd:
+    systemd = FakeSystemd()
+    monkeypatch.setattr(ss, "_systemctl", systemd)
+    monkeypatch.setattr(ss, "systemd_reachable", lambda: True)
+    return systemd
+
+
+def soon(seconds: float = 2.0) -> float:
+    return time.monotonic() + seconds
+
+
+def test_no_systemd_is_a_clear_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without systemd every call returns ``no_systemd`` and runs nothing."""
+    monkeypatch.setattr(ss, "systemd_reachable", lambda: False)
+
+    def boom(args: list[str], deadline: float) -> subprocess.CompletedProcess[str]:
+        raise AssertionError("systemctl must not run")
+
+    monkeypatch.setattr(ss, "_systemctl", boom)
+    for call in (ss.query, ss.stop, ss.reset_failed):
+        assert call("u.scope", soon()).outcome == ss.NO_SYSTEMD
+    assert ss.settle("u.scope", lambda: True, soon()).outcome == ss.NO_SYSTEMD
+
+
+def test_settle_stops_an_active_scope(fake: FakeSystemd) -> None:
+    """An active scope is stopped through systemd; a collected unit is the end."""
+    result = ss.settle("u.scope", lambda: True, soon())
+    assert result.outcome == ss.STOPPED
+    assert fake.verbs() == ["stop"]
+
+
+def test_settle_resets_a_failed_scope_once_empty(fake: FakeSystemd) -> None:
+    """A failed scope whose cgroups are empty is reset-failed, never stopped again."""
+    fake.active = fake.sub = "failed"
+    result = ss.settle("u.scope", lambda: True, soon())
+    assert result.outcome == ss.RESET_FAILED
+    assert fake.verbs() == ["reset-failed"]
+
+
+def test_settle_waits_for_the_cgroups_before_reset(fake: FakeSystemd) -> None:
+    """reset-failed waits until the last process left the scope's cgroups."""
+    fake.active = fake.sub = "failed"
+    empty_at = time.monotonic() + 0.3
+    result = ss.settle("u.scope", lambda: time.monotonic() >= empty_at, soon(), poll_interval=0.02)
+    assert result.outcome == ss.RESET_FAILED
+    assert result.waited_ms >= 250
+    assert fake.verbs() == ["reset-failed"]
+
+
+def test_settle_gives_up_at_the_deadline(fake: FakeSystemd) -> None:
+    """Past the deadline with a process still dying: ``still_busy``, the unit left for the retry."""
+    fake.stop_to = "failed"
+    started = time.monotonic()
+    result = ss.settle("u.scope", lambda: False, started + 0.3, poll_interval=0.02)
+    assert result.outcome == ss.STILL_BUSY
+    assert result.status is not None and result.status.active_state == "failed"
+    assert fake.verbs() == ["stop"]
+    assert time.monotonic() - started < 1.0
+
+
+def test_settle_of_a_gone_unit_does_nothing(fake: FakeSystemd) -> None:
+    """No unit (runc already stopped it, systemd collected it): ``not_loaded``, nothing sent."""
+    fake.loaded = False
+    assert ss.settle("u.scope", lambda: True, soon()).outcome == ss.NOT_LOADED
+    assert fake.verbs() == []
+
+
+def test_reset_failed_of_a_collected_unit_is_success(fake: FakeSystemd) -> None:
+    """systemctl's "not loaded" after a race with systemd's GC still reaches the goal."""
+    fake.loaded = False
+    assert ss.reset_failed("u.scope", soon()).outcome == ss.RESET_FAILED
+
+
+def test_errors_are_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failing or hanging systemctl is an ``error`` result, never an exception."""
+    monkeypatch.setattr(ss, "systemd_reachable", lambda: True)
+
+    def hangs(args: list[str], deadline: float) -> subprocess.CompletedProcess[str]:
+        raise subprocess.TimeoutExpired(["systemctl"], 0.1)
+
+    monkeypatch.setattr(ss, "_systemctl", hangs)
+    for call in (ss.query, ss.stop, ss.reset_failed):
+        assert call("u.scope", soon()).outcome == ss.ERROR
+    assert ss.settle("u.scope", lambda: True, soon()).outcome == ss.ERROR
+
+    def fails(args: list[str], deadline: float) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(args, 1, "", "Access denied")
+
+    monkeypatch.setattr(ss, "_systemctl", fails)
+    result = ss.stop("u.scope", soon())
+    assert result.outcome == ss.ERROR and "Access denied" in result.detail
+
+
+def test_invalid_unit_is_refused_before_systemctl(fake: FakeSystemd) -> None:
+    """A unit name that is not a scope/slice name never reaches systemctl."""
+    assert ss.query("../x", soon()).outcome == ss.ERROR
+    assert fake.calls == []
+
+
+def test_real_systemctl_call_is_bounded() -> None:
+    """_systemctl never waits past the cap, even with a far deadline (the argv is systemctl's)."""
+    if ss.shutil.which("systemctl") is None:
+        pytest.skip("systemctl is not installed")
+    started = time.monotonic()
+    proc = ss._systemctl(["--version"], time.monotonic() + 3600)
+    assert proc.returncode == 0 and "systemd" in proc.stdout
+    assert time.monotonic() - started < ss.CALL_CAP_S
