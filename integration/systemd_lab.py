@@ -48,7 +48,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from integration import runtimes
-from integration.lab import CGROUP_ROOT, procs, unique, wait_for
+from integration.lab import BUSYBOX, CGROUP_ROOT, FreezerHold, procs, unique, wait_for
 
 NSPAWN = shutil.which("systemd-nspawn") or "/usr/bin/systemd-nspawn"
 DEBOOTSTRAP = shutil.which("debootstrap") or "/usr/sbin/debootstrap"
@@ -498,6 +498,7 @@ def booted_machine(
         if not wait_for(up, boot_timeout, 0.05) or proc.poll() is not None:
             raise RuntimeError(f"machine {name} did not boot:\n{machine.log()[-3000:]}")
         machine.boot_s = time.monotonic() - started
+        install_rootfs(machine)
         if not wait_for(lambda: machine.run("ctr", "version", check=False).returncode == 0, 30, 0.1):
             status = machine.systemctl("status", "containerd").stdout
             raise RuntimeError(f"containerd did not start in {name}:\n{status}")
@@ -529,3 +530,259 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# -- containers under the systemd driver ------------------------------------------------
+
+#: The rootfs every task runs from, inside the machine.
+ROOTFS = "/var/lib/rg-rootfs"
+TASK_STATE = "/run/containerd/io.containerd.runtime.v2.task"
+RUNC_ROOT = "/run/containerd/runc"
+#: runc-guard's files inside the machine (its defaults: the machine is fresh every boot).
+PENDING_DIR = "/run/runc-guard/pending"
+STATS_FILE = "/run/runc-guard/deletes.jsonl"
+V1_CONTROLLERS_LEFT_BY_SYSTEMD = ("cpuset", "freezer")
+
+
+def install_rootfs(machine: Machine) -> None:
+    """A static-busybox root filesystem for ``ctr run --rootfs``, written from the host side."""
+    root = machine.host_path(ROOTFS)
+    os.makedirs(os.path.join(root, "bin"), exist_ok=True)
+    shutil.copy2(BUSYBOX, os.path.join(root, "bin", "busybox"))
+    for applet in ("sh", "sleep", "cat", "true"):
+        with contextlib.suppress(FileExistsError):
+            os.symlink("busybox", os.path.join(root, "bin", applet))
+    for d in ("proc", "dev", "sys", "tmp", "etc", "run"):
+        os.makedirs(os.path.join(root, d), exist_ok=True)
+
+
+def pod_slice(pod_uid: str, qos: str = "burstable") -> str:
+    """kubelet's slice for a pod: dashes in the uid become underscores (systemd escaping)."""
+    return f"kubepods-{qos}-pod{pod_uid.replace('-', '_')}.slice"
+
+
+def slice_path(slice_name: str) -> str:
+    """The cgroup path systemd gives a nested slice: every dash-prefix is a parent slice."""
+    parts = slice_name[: -len(".slice")].split("-")
+    return "/" + "/".join("-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
+
+
+@dataclass
+class SdTask:
+    """A host-PID task of the machine's containerd, under the systemd cgroup driver."""
+
+    machine: Machine
+    namespace: str
+    id: str
+    binary: str
+    pod_slice: str
+
+    @property
+    def unit(self) -> str:
+        return f"cri-containerd-{self.id}.scope"
+
+    @property
+    def relative(self) -> str:
+        """The scope's cgroup path inside the machine (the same in every hierarchy)."""
+        return f"{slice_path(self.pod_slice)}/{self.unit}"
+
+    @property
+    def cgroups_path(self) -> str:
+        """The OCI cgroupsPath of the systemd driver: ``slice:prefix:name``."""
+        return f"{self.pod_slice}:cri-containerd:{self.id}"
+
+    def host_dirs(self) -> list[str]:
+        """Every directory of the scope (and below) left in any hierarchy, as the host sees them."""
+        found = []
+        for path in self.machine.cgroups.paths:
+            top = path + self.relative
+            if os.path.isdir(top):
+                found.extend(d for d, _s, _f in os.walk(top))
+        return sorted(found)
+
+    def host_cgroup(self, hierarchy: str) -> str:
+        return f"{CGROUP_ROOT}/{hierarchy}{self.machine.cgroup_prefix}{self.relative}"
+
+    def host_pids(self) -> list[int]:
+        return procs(self.host_cgroup("memory"))
+
+    def bundle(self) -> str:
+        return self.machine.host_path(f"{TASK_STATE}/{self.namespace}/{self.id}")
+
+    def runc_state(self) -> str:
+        return self.machine.host_path(f"{RUNC_ROOT}/{self.namespace}/{self.id}/state.json")
+
+    def gone(self) -> bool:
+        return not os.path.exists(self.bundle())
+
+    def unit_state(self) -> dict[str, str]:
+        return self.machine.unit_properties(self.unit, "LoadState", "ActiveState", "SubState", "Result")
+
+    def containerd_lines(self) -> list[str]:
+        """containerd's journal lines that name this task."""
+        out = self.machine.run("journalctl", "-u", "containerd", "-o", "cat", "--no-pager", check=False)
+        return [line for line in out.stdout.splitlines() if self.id in line]
+
+    def cleanup_failures(self) -> list[str]:
+        """containerd's ``failed to delete`` lines: the shim's cleanup failed or was killed."""
+        return [line for line in self.containerd_lines() if "failed to delete" in line]
+
+    def init_host_pid(self) -> int:
+        """init's host pid: the task's pid in the machine, mapped through NSpid."""
+        listed = self.machine.ctr(self.namespace, "task", "ls").stdout.splitlines()[1:]
+        inner = next(int(c[1]) for c in (line.split() for line in listed) if c and c[0] == self.id)
+        for pid in self.host_pids():
+            if _ns_pid(pid) == inner:
+                return pid
+        raise LookupError(f"init {inner} of {self.id} not found among {self.host_pids()}")
+
+    def shim_host_pid(self, init: int) -> int:
+        with open(f"/proc/{init}/stat") as f:
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{ppid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        if b"-id" not in argv or argv[argv.index(b"-id") + 1].decode() != self.id:
+            raise LookupError(f"parent {ppid} of init {init} is not the shim of {self.id}")
+        return ppid
+
+    def children(self) -> list[int]:
+        init = self.init_host_pid()
+        return [p for p in self.host_pids() if p != init]
+
+
+def _ns_pid(pid: int) -> int | None:
+    """The innermost pid of a host pid (``NSpid``'s last field)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except OSError:
+        return None
+    return None
+
+
+def new_id() -> str:
+    """A 64-hex container id, as containerd's CRI makes them (sweep and discovery match on it)."""
+    import uuid
+
+    return uuid.uuid4().hex + uuid.uuid4().hex
+
+
+def run_task(machine: Machine, namespace: str, binary: str, children: int = 3) -> SdTask:
+    """Start a detached host-PID task in a pod slice through ``binary`` with ``--runc-systemd-cgroup``."""
+    import uuid
+
+    task = SdTask(machine, namespace, new_id(), binary, pod_slice(str(uuid.uuid4())))
+    script = " ".join(["/bin/sleep 1000 &"] * children) + " wait"
+    machine.ctr(
+        namespace, "run", "-d", "--null-io", "--rootfs", "--runc-binary", binary,
+        "--runc-systemd-cgroup", "--cgroup", task.cgroups_path,
+        "--with-ns", "pid:/proc/1/ns/pid", ROOTFS, task.id, "/bin/sh", "-c", script,
+    )  # fmt: skip
+    if not wait_for(lambda: len(task.host_pids()) >= children + 1, 10):
+        raise RuntimeError(f"task {task.id} did not start {children} children: {task.host_pids()}")
+    return task
+
+
+def freezer_hold(machine: Machine) -> FreezerHold:
+    """A frozen hold inside the machine's own freezer hierarchy (its cgroup namespace root)."""
+    return FreezerHold.create(f"{CGROUP_ROOT}/freezer{machine.cgroup_prefix}")
+
+
+def remove_task(task: SdTask) -> None:
+    """Whatever a scenario left: processes, the containerd record, the scope unit, the dirs."""
+    for d in task.host_dirs():
+        for pid in procs(d):
+            with (
+                contextlib.suppress(OSError),
+                open(f"{CGROUP_ROOT}/freezer{task.machine.cgroup_prefix}/cgroup.procs", "w") as f,
+            ):
+                f.write(str(pid))
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    m = task.machine
+    if m.alive():
+        m.ctr(task.namespace, "task", "delete", "-f", task.id, check=False)
+        m.ctr(task.namespace, "container", "rm", task.id, check=False)
+        m.systemctl("stop", task.unit)
+        m.systemctl("reset-failed", task.unit)
+    wait_for(lambda: not any(procs(d) for d in task.host_dirs()), 10)
+    for d in sorted(task.host_dirs(), key=lambda p: -p.count("/")):
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
+
+
+@dataclass
+class CrashOutcome:
+    """What one Path B crash under the systemd driver left behind."""
+
+    task: SdTask
+    delay: float
+    cleanup_s: float
+    dirs_left: list[str]
+    unit: dict[str, str]
+    bundle_gone: bool
+    state_left: bool
+    #: containerd's errors about the dead shim's cleanup (e.g. ``error="signal: killed"``).
+    containerd_errors: list[str]
+
+    def hierarchies_left(self) -> list[str]:
+        """The hierarchy names that still hold a directory of the scope."""
+        prefix = len(CGROUP_ROOT) + 1
+        return sorted({d[prefix:].split("/", 1)[0] for d in self.dirs_left})
+
+
+def path_b(
+    machine: Machine,
+    namespace: str,
+    binary: str,
+    delay: float,
+    children: int = 3,
+    held: int = 3,
+    settle: float = 20.0,
+) -> CrashOutcome:
+    """The incident's path under the systemd driver: children frozen, init and shim SIGKILLed.
+
+    containerd notices the dead shim and runs ``<binary> delete --force`` (without
+    ``--systemd-cgroup``) through ``containerd-shim-runc-v2 delete`` within its
+    5 s budget; the held children are released ``delay`` s after the shim died.
+    Reports the directories and the scope unit once the kernel is done.
+    """
+    task = run_task(machine, namespace, binary, children)
+    hold = freezer_hold(machine)
+    try:
+        hold.hold(task.children()[:held])
+        init = task.init_host_pid()
+        shim = task.shim_host_pid(init)
+        os.kill(init, signal.SIGKILL)
+        wait_for(lambda: init not in task.host_pids(), 5)
+        os.kill(shim, signal.SIGKILL)
+        killed = time.monotonic()
+        time.sleep(max(0.0, killed + delay - time.monotonic()))
+        hold.release()
+        wait_for(lambda: task.gone() or bool(task.cleanup_failures()), settle, 0.1)
+        cleanup_s = time.monotonic() - killed
+        wait_for(lambda: not task.host_pids(), 5)
+        # systemd may still be collecting the unit: let its state settle.
+        time.sleep(0.5)
+        outcome = CrashOutcome(
+            task, delay, cleanup_s, task.host_dirs(), task.unit_state(), task.gone(),
+            os.path.exists(task.runc_state()), task.cleanup_failures(),
+        )  # fmt: skip
+    finally:
+        hold.destroy()
+    return outcome
+
+
+def guard_stats(machine: Machine) -> list[dict[str, object]]:
+    path = machine.host_path(STATS_FILE)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def pending_records(machine: Machine) -> list[str]:
+    path = machine.host_path(PENDING_DIR)
+    return sorted(os.listdir(path)) if os.path.isdir(path) else []

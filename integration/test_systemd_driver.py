@@ -1,0 +1,187 @@
+"""The systemd cgroup driver inside a booted systemd: stock runc vs runc-guard, per teardown length.
+
+One machine (integration.systemd_lab) serves the whole module: Debian 12 under
+systemd-nspawn, its containerd 1.6.20 with ``SystemdCgroup = true``, tasks
+started by ``ctr run --runc-systemd-cgroup`` in a kubelet-style pod slice
+(``kubepods-burstable-pod<uid>.slice:cri-containerd:<id>``), host PID, three
+children held by a frozen freezer cgroup inside the machine's own freezer
+hierarchy. The figures of every scenario are printed in pytest's summary.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from integration import runtimes
+from integration import systemd_lab as sl
+from integration.conftest import SUMMARY_KEY
+from integration.lab import unique, wait_for
+from runc_guard import systemd_scope
+
+pytestmark = pytest.mark.kernel
+
+V1_CONTROLLERS = ["blkio", "cpu", "cpuacct", "cpuset", "devices", "freezer", "memory", "pids"]
+
+
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[sl.Machine]:
+    """The booted lab machine (built once per cache key, booted once here, always stopped)."""
+    reason = sl.missing()
+    if reason is not None:
+        pytest.skip(reason)
+    image = sl.ensure_image()
+    base = str(tmp_path_factory.mktemp("rgsd"))
+    with sl.booted_machine(base, image) as m:
+        built = "cached" if image.build_s is None else f"{image.build_s:.1f} s now"
+        pytestconfig.stash[SUMMARY_KEY].append(
+            f"systemd lab: debootstrap {image.recorded_build_s:.1f} s ({built}), boot {m.boot_s:.2f} s"
+        )
+        yield m
+
+
+@pytest.fixture
+def ns(machine: sl.Machine) -> str:
+    return unique("rgsd")
+
+
+def runc_134() -> str:
+    """runc 1.3.4 as the machine sees it (bound in from integration.runtimes)."""
+    runtimes.require(runtimes.RUNC_134)
+    return sl.RUNC_134
+
+
+def binary(name: str) -> str:
+    return {
+        "runc-1.1.5": sl.STOCK_RUNC,
+        "guard-1.1.5": sl.GUARD,
+        "runc-1.3.4": sl.RUNC_134,
+        "guard-1.3.4": sl.GUARD_134,
+    }[name]
+
+
+def needs(name: str) -> str:
+    if name.endswith("1.3.4"):
+        runc_134()
+    return binary(name)
+
+
+def line(summary: list[str], label: str, crash: sl.CrashOutcome, machine: sl.Machine) -> None:
+    stats = sl.guard_stats(machine) if "guard" in label else []
+    outcome = stats[-1]["outcome"] if stats else "-"
+    killed = any("signal: killed" in e for e in crash.containerd_errors)
+    summary.append(
+        f"{label:<12} teardown {crash.delay:>4.1f} s: {len(crash.dirs_left)} dirs "
+        f"({','.join(crash.hierarchies_left()) or '-'}), scope {crash.unit.get('ActiveState')}"
+        f"/{crash.unit.get('Result')}, runc state {'left' if crash.state_left else 'gone'}, "
+        f"bundle {'gone' if crash.bundle_gone else 'kept'}, cleanup {crash.cleanup_s:.1f} s, "
+        f"containerd {'killed the cleanup' if killed else 'ok'}"
+        f", runc-guard outcome {outcome}"
+    )
+
+
+# -- what runc records ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("runtime", ["runc-1.1.5", "runc-1.3.4"])
+def test_state_records_the_systemd_driver_and_the_scope(machine: sl.Machine, ns: str, runtime: str) -> None:
+    """runc's state.json says the systemd driver made the cgroups and names the scope unit.
+
+    That is what runc-guard must rely on: the shim's dead-shim ``delete --force``
+    comes without ``--systemd-cgroup``.
+    """
+    task = sl.run_task(machine, ns, needs(runtime))
+    try:
+        with open(task.runc_state()) as f:
+            doc = json.load(f)
+        ref = systemd_scope.scope_from_state(doc)
+        assert ref is not None and ref.unit == task.unit and ref.slice == task.pod_slice
+        cgroups = doc["config"]["cgroups"]
+        assert cgroups["Systemd"] is True and cgroups["scope_prefix"] == "cri-containerd"
+        # Every v1 controller, name=systemd and the cgroup2 tree: the 10 scope paths.
+        assert len(doc["cgroup_paths"]) == 10
+        assert all(p.endswith(task.relative) for p in doc["cgroup_paths"].values())
+        assert task.unit_state()["ActiveState"] == "active"
+    finally:
+        sl.remove_task(task)
+
+
+# -- Path A -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("runtime", ["runc-1.1.5", "guard-1.1.5"])
+def test_path_a_kill_then_delete_leaves_nothing(
+    machine: sl.Machine, ns: str, runtime: str, summary: list[str]
+) -> None:
+    """Path A: ``ctr task kill`` then ``ctr task delete`` with children dying 1 s: 0 dirs, no unit."""
+    task = sl.run_task(machine, ns, needs(runtime))
+    hold = sl.freezer_hold(machine)
+    try:
+        hold.hold(task.children())
+        machine.ctr(ns, "task", "kill", "-s", "KILL", task.id)
+        assert wait_for(lambda: "STOPPED" in machine.ctr(ns, "task", "ls").stdout, 10, 0.1)
+        started = time.monotonic()
+        timer = threading.Timer(1.0, hold.release)
+        timer.start()
+        delete = machine.ctr(ns, "task", "delete", task.id, check=False)
+        timer.join()
+        took = time.monotonic() - started
+        wait_for(lambda: not task.host_pids(), 5)
+        time.sleep(0.3)
+        summary.append(
+            f"{runtime:<12} Path A (1 s teardown): exit {delete.returncode}, "
+            f"{len(task.host_dirs())} dirs, scope {task.unit_state().get('LoadState')}, {took:.1f} s"
+        )
+        assert delete.returncode == 0, delete.stderr
+        assert task.host_dirs() == []
+        assert task.unit_state()["LoadState"] == "not-found"
+    finally:
+        hold.destroy()
+        sl.remove_task(task)
+
+
+# -- Path B -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("runtime", ["runc-1.1.5", "guard-1.1.5", "runc-1.3.4", "guard-1.3.4"])
+def test_path_b_inside_the_budgets_leaves_nothing(
+    machine: sl.Machine, ns: str, runtime: str, summary: list[str]
+) -> None:
+    """Teardown 2.5 s (< containerd's 5 s, < the scope's 5 s stop timeout): 0 dirs, unit collected.
+
+    runc's systemd driver stops the scope and systemd waits for it to empty;
+    nothing is left for anyone, stock or guarded.
+    """
+    crash = sl.path_b(machine, ns, needs(runtime), delay=2.5)
+    try:
+        line(summary, runtime, crash, machine)
+        assert crash.dirs_left == []
+        assert crash.unit["LoadState"] == "not-found"
+        assert crash.bundle_gone and not crash.state_left
+    finally:
+        sl.remove_task(crash.task)
+
+
+@pytest.mark.parametrize("runtime", ["runc-1.1.5", "runc-1.3.4"])
+def test_stock_path_b_past_both_budgets_leaks_and_fails_the_scope(
+    machine: sl.Machine, ns: str, runtime: str, summary: list[str]
+) -> None:
+    """Control, teardown 6 s (> containerd's 5 s and > the 5 s stop timeout), stock runc.
+
+    containerd SIGKILLs the shim's cleanup (``signal: killed``) while runc still
+    waits on systemd; the scope ends ``failed`` (Result=timeout) and every v1
+    controller keeps the scope's directory; runc's state and the bundle stay.
+    """
+    crash = sl.path_b(machine, ns, needs(runtime), delay=6.0)
+    try:
+        line(summary, runtime, crash, machine)
+        assert any("signal: killed" in e for e in crash.containerd_errors), crash.containerd_errors
+        assert crash.hierarchies_left() == V1_CONTROLLERS
+        assert (crash.unit["ActiveState"], crash.unit["Result"]) == ("failed", "timeout")
+        assert crash.state_left
+    finally:
+        sl.remove_task(crash.task)
