@@ -11,6 +11,7 @@ hierarchy. The figures of every scenario are printed in pytest's summary.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -185,3 +186,52 @@ def test_stock_path_b_past_both_budgets_leaks_and_fails_the_scope(
         assert crash.state_left
     finally:
         sl.remove_task(crash.task)
+
+
+# -- sweep ------------------------------------------------------------------------
+
+
+def sweep(machine: sl.Machine, *args: str) -> dict[str, object]:
+    """``runc-guardctl sweep --min-age 0 --format json`` inside the machine, from the checkout."""
+    out = machine.run(f"{sl.GUARD_BIN}/runc-guardctl", "sweep", "--min-age", "0", "--format", "json", *args)
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+def actions_for(report: dict[str, object], container_id: str) -> list[str]:
+    entries = report["containers"]
+    assert isinstance(entries, list)
+    return sorted(str(e["action"]) for e in entries if e["id"] == container_id)
+
+
+def test_sweep_resets_the_failed_scope_once_the_container_is_gone(
+    machine: sl.Machine, ns: str, summary: list[str]
+) -> None:
+    """A failed scope outlives even containerd's own recovery; the sweep resets it through systemd.
+
+    Right after the 6 s crash runc's state is there: the sweep keeps the 8 dirs
+    and the failed unit (``runtime_state``). containerd's restart re-runs the
+    dead shim's cleanup with nothing left dying: runc removes the dirs and its
+    state, but the scope stays ``failed`` for good. The sweep then
+    ``reset-failed``s it and systemd collects the unit.
+    """
+    crash = sl.path_b(machine, ns, sl.STOCK_RUNC, delay=6.0)
+    task = crash.task
+    try:
+        first = sweep(machine)
+        assert actions_for(first, task.id) == ["kept:runtime_state", "kept:runtime_state"]
+        assert len(task.host_dirs()) == len(V1_CONTROLLERS)
+        machine.systemctl("restart", "containerd", check=True)
+        assert wait_for(task.gone, 20, 0.1), task.containerd_lines()[-3:]
+        assert task.host_dirs() == [] and not os.path.exists(task.runc_state())
+        assert task.unit_state()["ActiveState"] == "failed"
+        dry = sweep(machine, "--dry-run")
+        assert actions_for(dry, task.id) == ["would_reset_failed"]
+        second = sweep(machine)
+        assert actions_for(second, task.id) == ["scope_reset_failed"]
+        assert task.unit_state()["LoadState"] == "not-found"
+        summary.append(
+            "sweep: failed scope kept while runc state exists; after containerd's recovery "
+            "(0 dirs, scope still failed) reset-failed -> unit collected"
+        )
+    finally:
+        sl.remove_task(task)

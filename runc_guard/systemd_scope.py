@@ -45,6 +45,8 @@ from dataclasses import dataclass
 
 #: sd_booted(3): the directory systemd creates at boot; absent means no systemd is PID 1.
 SYSTEMD_RUNTIME_DIR = "/run/systemd/system"
+#: Where systemd's cgroups are mounted; ControlGroup paths are relative to each hierarchy here.
+SYSTEM_CGROUP_ROOT = "/sys/fs/cgroup"
 #: A unit name is at most 255 bytes (UNIT_NAME_MAX) of these characters (unit-name.c).
 _UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\@-]{1,249}\.(?:scope|slice)$")
 #: One systemctl call never gets more than this, whatever the caller's deadline.
@@ -333,3 +335,113 @@ def settle(
         if _remaining(deadline) <= poll_interval:
             return ScopeResult(unit, STILL_BUSY, f"unit is {status.active_state}", status, waited)
         time.sleep(poll_interval)
+
+
+# -- the sweep: failed scope units whose container is gone ------------------------------
+
+
+def parse_unit_list(text: str) -> list[str]:
+    """Unit names from ``systemctl list-units --plain --no-legend`` (first column; a "●" may lead)."""
+    units = []
+    for line in text.splitlines():
+        fields = line.replace("\u25cf", " ").replace("*", " ").split()
+        if fields and valid_unit_name(fields[0]):
+            units.append(fields[0])
+    return units
+
+
+def failed_scopes(deadline: float) -> ScopeListing:
+    """Every loaded scope unit systemd holds as ``failed``."""
+    if not systemd_reachable():
+        return ScopeListing(NO_SYSTEMD, [])
+    try:
+        proc = _systemctl(
+            ["list-units", "--type=scope", "--state=failed", "--all", "--plain", "--no-legend", "--full"],
+            deadline,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return ScopeListing(ERROR, [], f"systemctl list-units: {exc}")
+    if proc.returncode != 0:
+        return ScopeListing(ERROR, [], f"systemctl list-units: {proc.stderr.strip()[:300]}")
+    return ScopeListing("listed", parse_unit_list(proc.stdout))
+
+
+@dataclass(frozen=True)
+class ScopeListing:
+    outcome: str
+    units: list[str]
+    detail: str = ""
+
+
+def container_id_of_unit(unit: str) -> str | None:
+    """The container id a ``cri-containerd-``/``docker-``/``crio-<64 hex>.scope`` unit names."""
+    from runc_guard.discovery import container_id_of
+
+    return container_id_of(unit)
+
+
+def orphan_verdict(container_id: str | None, has_state: bool, has_bundle: bool, populated: bool) -> str:
+    """Whether a failed scope may be reset: only a container's, gone from runc and containerd, empty.
+
+    Returns ``reset`` or the reason to keep it (the sweep's own vocabulary).
+    """
+    if container_id is None:
+        return "not_a_container"
+    if populated:
+        return "populated"
+    if has_state:
+        return "runtime_state"
+    if has_bundle:
+        return "bundle"
+    return "reset"
+
+
+def release_failed_scopes(
+    has_state: Callable[[str], bool],
+    has_bundle: Callable[[str], bool],
+    mounts: list[str],
+    read_procs: Callable[[str], list[int]],
+    dry_run: bool = False,
+    budget: float = 10.0,
+) -> list[dict[str, object]]:
+    """``reset-failed`` every failed container scope whose cgroups are empty and whose container is gone.
+
+    A failed scope stays loaded forever (and holds its name, so a container
+    with the same id could not start): nothing else on the node resets it.
+    Returns one sweep-report entry per failed container scope (action
+    ``scope_reset_failed``, ``would_reset_failed`` or ``kept:<reason>``), plus one
+    ``error`` entry when systemd could not be asked; [] without systemd.
+    """
+    # systemd's units name cgroups of the real hierarchies: a sweep pointed at
+    # another tree (a test's, a chroot's) must never reset this node's units.
+    if not any(m == SYSTEM_CGROUP_ROOT or m.startswith(SYSTEM_CGROUP_ROOT + "/") for m in mounts):
+        return []
+    deadline = time.monotonic() + budget
+    listing = failed_scopes(deadline)
+    if listing.outcome == NO_SYSTEMD:
+        return []
+    if listing.outcome == ERROR:
+        return [{"id": "", "pod": "", "dirs": 0, "action": "error", "unit": "", "detail": listing.detail}]
+    entries: list[dict[str, object]] = []
+    for unit in listing.units:
+        cid = container_id_of_unit(unit)
+        if cid is None:
+            continue  # not a container's scope: none of our business
+        status = query(unit, deadline).status
+        group = status.control_group if status is not None else ""
+        populated = bool(group) and any(
+            read_procs(os.path.join(mount, group.lstrip("/"))) for mount in mounts
+        )
+        verdict = orphan_verdict(cid, has_state(cid), has_bundle(cid), populated)
+        entry: dict[str, object] = {"id": cid, "pod": "", "dirs": 0, "unit": unit}
+        if verdict != "reset":
+            entry["action"] = f"kept:{verdict}"
+        elif dry_run:
+            entry["action"] = "would_reset_failed"
+        else:
+            result = reset_failed(unit, deadline)
+            entry["action"] = "scope_reset_failed" if result.outcome == RESET_FAILED else "error"
+            if result.detail:
+                entry["detail"] = result.detail
+        entries.append(entry)
+    return entries

@@ -315,3 +315,113 @@ def test_real_systemctl_call_is_bounded() -> None:
     proc = ss._systemctl(["--version"], time.monotonic() + 3600)
     assert proc.returncode == 0 and "systemd" in proc.stdout
     assert time.monotonic() - started < ss.CALL_CAP_S
+
+
+# -- the sweep's pass over failed scopes ----------------------------------------------
+
+ID_GONE = "a" * 64
+ID_STATE = "b" * 64
+ID_BUNDLE = "c" * 64
+ID_BUSY = "d" * 64
+CGROOT = "/sys/fs/cgroup"
+KP = "kubepods.slice"
+
+
+class FailedScopes:
+    """A scripted systemd holding some failed scope units (one not a container's)."""
+
+    def __init__(self) -> None:
+        self.failed = {f"cri-containerd-{i}.scope" for i in (ID_GONE, ID_STATE, ID_BUNDLE, ID_BUSY)}
+        self.failed.add("session-4.scope")
+        self.calls: list[list[str]] = []
+
+    def __call__(self, args: list[str], deadline: float) -> subprocess.CompletedProcess[str]:
+        self.calls.append(args)
+        if args[0] == "list-units":
+            out = "".join(
+                f"\u25cf {u} loaded failed failed libcontainer container\n" for u in sorted(self.failed)
+            )
+            return subprocess.CompletedProcess(args, 0, out, "")
+        if args[0] == "show":
+            unit = args[-1]
+            out = f"LoadState=loaded\nActiveState=failed\nSubState=failed\nControlGroup=/{KP}/{unit}\n"
+            return subprocess.CompletedProcess(args, 0, out, "")
+        if args[0] == "reset-failed":
+            self.failed.discard(args[-1])
+            return subprocess.CompletedProcess(args, 0, "", "")
+        raise AssertionError(args)
+
+
+@pytest.fixture
+def failed(monkeypatch: pytest.MonkeyPatch) -> FailedScopes:
+    systemd = FailedScopes()
+    monkeypatch.setattr(ss, "_systemctl", systemd)
+    monkeypatch.setattr(ss, "systemd_reachable", lambda: True)
+    return systemd
+
+
+def procs_of(path: str) -> list[int]:
+    """cgroup.procs as the fake node has it: only ID_BUSY's scope holds a process."""
+    return [4242] if path == f"{CGROOT}/memory/kubepods.slice/cri-containerd-{ID_BUSY}.scope" else []
+
+
+def test_parse_unit_list() -> None:
+    """Unit names from list-units, with or without the failed-unit bullet; junk skipped."""
+    text = (
+        "\u25cf cri-containerd-x.scope loaded failed failed d\n  ok.scope loaded failed failed d\nnonsense\n"
+    )
+    assert ss.parse_unit_list(text) == ["cri-containerd-x.scope", "ok.scope"]
+
+
+@pytest.mark.parametrize(
+    ("cid", "state", "bundle", "populated", "verdict"),
+    [
+        (None, False, False, False, "not_a_container"),
+        ("x", False, False, True, "populated"),
+        ("x", True, False, False, "runtime_state"),
+        ("x", False, True, False, "bundle"),
+        ("x", False, False, False, "reset"),
+    ],
+)
+def test_orphan_verdict(cid: str | None, state: bool, bundle: bool, populated: bool, verdict: str) -> None:
+    """Only an empty container scope that runc and containerd both forgot is reset."""
+    assert ss.orphan_verdict(cid, state, bundle, populated) == verdict
+
+
+def test_release_failed_scopes_resets_only_orphans(failed: FailedScopes) -> None:
+    """The gone container's failed scope is reset; state, bundle, a process or a non-container keep theirs."""
+    entries = ss.release_failed_scopes(
+        lambda cid: cid == ID_STATE,
+        lambda cid: cid == ID_BUNDLE,
+        [f"{CGROOT}/memory", f"{CGROOT}/unified"],
+        procs_of,
+    )
+    actions = {e["id"]: e["action"] for e in entries}
+    assert actions == {
+        ID_GONE: "scope_reset_failed",
+        ID_STATE: "kept:runtime_state",
+        ID_BUNDLE: "kept:bundle",
+        ID_BUSY: "kept:populated",
+    }
+    assert failed.failed == {f"cri-containerd-{i}.scope" for i in (ID_STATE, ID_BUNDLE, ID_BUSY)} | {
+        "session-4.scope"
+    }
+
+
+def test_release_failed_scopes_dry_run_resets_nothing(failed: FailedScopes) -> None:
+    """--dry-run says what would be reset and sends no reset-failed."""
+    entries = ss.release_failed_scopes(lambda c: False, lambda c: False, [f"{CGROOT}/memory"], procs_of, True)
+    assert {e["id"]: e["action"] for e in entries}[ID_GONE] == "would_reset_failed"
+    assert not [c for c in failed.calls if c[0] == "reset-failed"]
+
+
+def test_release_failed_scopes_never_for_a_foreign_cgroup_tree(failed: FailedScopes) -> None:
+    """A sweep over another tree (a test's fake root) never asks this node's systemd."""
+    assert ss.release_failed_scopes(lambda c: False, lambda c: False, ["/tmp/cg/memory"], procs_of) == []
+    assert failed.calls == []
+
+
+def test_release_failed_scopes_without_systemd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No systemd: nothing listed, nothing reported."""
+    monkeypatch.setattr(ss, "systemd_reachable", lambda: False)
+    assert ss.release_failed_scopes(lambda c: False, lambda c: False, [f"{CGROOT}/memory"], procs_of) == []
