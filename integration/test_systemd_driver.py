@@ -235,3 +235,21 @@ def test_sweep_resets_the_failed_scope_once_the_container_is_gone(
         )
     finally:
         sl.remove_task(task)
+
+
+# -- doctor -------------------------------------------------------------------------
+
+
+def test_doctor_says_containers_use_the_systemd_driver(machine: sl.Machine, ns: str) -> None:
+    """Inside the booted systemd, doctor reports containerd's runc handler and a running task as systemd."""
+    task = sl.run_task(machine, ns, sl.STOCK_RUNC)
+    try:
+        out = machine.run(f"{sl.GUARD_BIN}/runc-guardctl", "doctor", "--format", "json", check=False)
+        report = json.loads(out.stdout)
+        driver = report["cgroup_driver"]
+        assert driver["systemd_pid1"] is True
+        assert driver["containerd_handlers"] == {"runc": "systemd"}
+        assert driver["containers"].get("systemd", 0) >= 1
+        assert not [p for p in report["problems"] if "cgroup driver" in p]
+    finally:
+        sl.remove_task(task)

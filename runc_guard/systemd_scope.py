@@ -445,3 +445,42 @@ def release_failed_scopes(
                 entry["detail"] = result.detail
         entries.append(entry)
     return entries
+
+
+# -- which driver --------------------------------------------------------------------
+
+SYSTEMD_DRIVER, CGROUPFS_DRIVER = "systemd", "cgroupfs"
+
+
+def driver_of_state(doc: Mapping[str, object]) -> str | None:
+    """``systemd`` or ``cgroupfs``: the cgroup driver a runc state.json says made the cgroups."""
+    config = doc.get("config")
+    cgroups = config.get("cgroups") if isinstance(config, Mapping) else None
+    if not isinstance(cgroups, Mapping):
+        return None
+    return SYSTEMD_DRIVER if cgroups.get("Systemd") is True else CGROUPFS_DRIVER
+
+
+def drivers_in_use(runtime_root: str) -> dict[str, list[str]]:
+    """Container ids per cgroup driver, from every ``<root>/<namespace>/<id>/state.json``."""
+    found: dict[str, list[str]] = {}
+    try:
+        namespaces = sorted(os.listdir(runtime_root))
+    except OSError:
+        return found
+    for namespace in namespaces:
+        try:
+            ids = sorted(os.listdir(os.path.join(runtime_root, namespace)))
+        except OSError:
+            continue
+        for cid in ids:
+            path = os.path.join(runtime_root, namespace, cid, "state.json")
+            try:
+                with open(path, "rb") as f:
+                    doc = json.loads(f.read(MAX_STATE_BYTES + 1))
+            except (OSError, ValueError, RecursionError):
+                continue
+            driver = driver_of_state(doc) if isinstance(doc, dict) else None
+            if driver is not None:
+                found.setdefault(driver, []).append(f"{namespace}/{cid}")
+    return found

@@ -425,3 +425,89 @@ def test_release_failed_scopes_without_systemd(monkeypatch: pytest.MonkeyPatch) 
     """No systemd: nothing listed, nothing reported."""
     monkeypatch.setattr(ss, "systemd_reachable", lambda: False)
     assert ss.release_failed_scopes(lambda c: False, lambda c: False, [f"{CGROOT}/memory"], procs_of) == []
+
+
+# -- which driver (doctor) -------------------------------------------------------------
+
+V2_SYSTEMD = """version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+    SystemdCgroup = true
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
+  runtime_type = "io.containerd.runc.v2"
+"""
+V3_SYSTEMD = """version = 3
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+  SystemdCgroup = true
+"""
+
+
+def write_state(root: str, namespace: str, cid: str, cgroups: dict[str, object]) -> None:
+    os.makedirs(os.path.join(root, namespace, cid))
+    with open(os.path.join(root, namespace, cid, "state.json"), "w") as f:
+        json.dump({"id": cid, "config": {"cgroups": cgroups}}, f)
+
+
+def test_driver_of_state() -> None:
+    """The state's ``Systemd`` flag is the driver, whatever the delete's command line says."""
+    assert ss.driver_of_state(state(RUNC_115_SYSTEMD)) == ss.SYSTEMD_DRIVER
+    assert ss.driver_of_state(state(RUNC_CGROUPFS)) == ss.CGROUPFS_DRIVER
+    assert ss.driver_of_state({"config": {}}) is None
+
+
+def test_drivers_in_use(tmp_path: Any) -> None:
+    """Containers are counted per driver across namespaces; unreadable states are skipped."""
+    root = str(tmp_path)
+    write_state(root, "k8s.io", ID, RUNC_115_SYSTEMD)
+    write_state(root, "k8s.io", "b" * 64, RUNC_CGROUPFS)
+    write_state(root, "moby", "c" * 64, RUNC_115_SYSTEMD)
+    os.makedirs(os.path.join(root, "moby", "broken"))
+    assert ss.drivers_in_use(root) == {
+        "systemd": [f"k8s.io/{ID}", f"moby/{'c' * 64}"],
+        "cgroupfs": [f"k8s.io/{'b' * 64}"],
+    }
+    assert ss.drivers_in_use(os.path.join(root, "absent")) == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (V2_SYSTEMD, {"runc": "systemd", "nvidia": "cgroupfs"}),
+        (V3_SYSTEMD, {"runc": "systemd"}),
+        ("version = 2\n", {}),
+        ("", {}),
+    ],
+)
+def test_configured_drivers(text: str, expected: dict[str, str]) -> None:
+    """Each CRI handler's SystemdCgroup, in config versions 2 and 3; absent means cgroupfs."""
+    from runc_guard.cli.doctor import configured_drivers
+
+    assert configured_drivers(text) == expected
+
+
+def test_doctor_reports_the_driver(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """doctor names the configured and the used driver, and flags systemd without systemd."""
+    from click.testing import CliRunner
+
+    from runc_guard.cli.doctor import doctor as doctor_cmd
+
+    config = tmp_path / "config.toml"
+    config.write_text(V2_SYSTEMD)
+    root = str(tmp_path / "runc")
+    write_state(root, "k8s.io", ID, RUNC_115_SYSTEMD)
+    monkeypatch.setattr(ss, "systemd_reachable", lambda: False)
+    monkeypatch.setenv("RUNC_GUARD_CONFIG", str(tmp_path / "absent.toml"))
+    result = CliRunner().invoke(
+        doctor_cmd,
+        ["--containerd-config", str(config), "--runtime-root", root, "--format", "json"],
+    )
+    report = json.loads(result.output)
+    assert report["cgroup_driver"] == {
+        "systemd_pid1": False,
+        "containerd_handlers": {"nvidia": "cgroupfs", "runc": "systemd"},
+        "containers": {"systemd": 1},
+    }
+    assert any("systemd cgroup driver" in p for p in report["problems"])
+    text = CliRunner().invoke(doctor_cmd, ["--containerd-config", str(config), "--runtime-root", root])
+    assert "containerd handlers nvidia=cgroupfs, runc=systemd; containers by driver: systemd 1" in text.output
