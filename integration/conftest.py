@@ -75,9 +75,7 @@ def journal() -> Iterator[Journald | None]:
 
 
 @pytest.fixture(scope="session")
-def guarded(
-    tmp_path_factory: pytest.TempPathFactory, journal: Journald | None
-) -> Iterator[cl.GuardedLab]:
+def guarded(tmp_path_factory: pytest.TempPathFactory, journal: Journald | None) -> Iterator[cl.GuardedLab]:
     """The session's hybrid containerd, runc-guard settings in its environment."""
     socket = journal.socket if journal is not None else None
     with cl.guarded_containerd_in(tmp_path_factory, "rgctd-hybrid", cl.HYBRID, socket) as lab:

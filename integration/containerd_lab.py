@@ -189,16 +189,17 @@ class Containerd:
         self, namespace: str, *args: str, check: bool = True, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
         """Run ``ctr`` against this containerd, inside its mount namespace."""
-        argv = [NSENTER, "-t", str(self.pid), "-m", "--", CTR, "-a", self.address,
-                "-n", namespace, *args]
+        argv = [NSENTER, "-t", str(self.pid), "-m", "--", CTR, "-a", self.address, "-n", namespace, *args]
         proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, check=False,
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
             stdin=subprocess.DEVNULL,
         )
         if check and proc.returncode != 0:
-            raise RuntimeError(
-                f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}"
-            )
+            raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc
 
     def log(self) -> str:
@@ -229,9 +230,7 @@ class Containerd:
 
 
 @contextlib.contextmanager
-def running_containerd(
-    workdir: str, settings: dict[str, str], layout: str = HYBRID
-) -> Iterator[Containerd]:
+def running_containerd(workdir: str, settings: dict[str, str], layout: str = HYBRID) -> Iterator[Containerd]:
     """Start a private containerd with ``settings`` in its environment; always stop it."""
     os.makedirs(workdir, exist_ok=True)
     config = _config(workdir)
@@ -241,19 +240,31 @@ def running_containerd(
     log_path = os.path.join(workdir, "containerd.log")
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [UNSHARE, "-m", "--propagation", "private", "sh", "-c",
-             _namespace_script(workdir, config, layout)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+            [
+                UNSHARE,
+                "-m",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                _namespace_script(workdir, config, layout),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=env,
         )
-    lab = Containerd(
-        workdir, proc.pid, "", layout, env, make_rootfs(workdir), log_path, proc
-    )
+    lab = Containerd(workdir, proc.pid, "", layout, env, make_rootfs(workdir), log_path, proc)
     try:
         ready = wait_for(
-            lambda: proc.poll() is not None
-            or (os.path.exists(lab.address) and lab.ctr("default", "version", check=False)
-                .returncode == 0),
-            20, 0.05,
+            lambda: (
+                proc.poll() is not None
+                or (
+                    os.path.exists(lab.address) and lab.ctr("default", "version", check=False).returncode == 0
+                )
+            ),
+            20,
+            0.05,
         )
         if proc.poll() is not None or not ready:
             raise RuntimeError(f"containerd did not start:\n{lab.log()[-3000:]}")
@@ -296,8 +307,11 @@ class Task:
 
     def main_cgroup(self) -> str:
         """A hierarchy that holds every process of the task (memory, or the v2 tree)."""
-        roots = (f"{CGROUP_ROOT}/unified",) if self.lab.layout == UNIFIED else (
-            f"{CGROUP_ROOT}/memory", f"{CGROUP_ROOT}/unified")
+        roots = (
+            (f"{CGROUP_ROOT}/unified",)
+            if self.lab.layout == UNIFIED
+            else (f"{CGROUP_ROOT}/memory", f"{CGROUP_ROOT}/unified")
+        )
         for root in roots:
             path = root + self.cgroup_relative
             if os.path.isdir(path):
@@ -344,17 +358,25 @@ class Task:
         return not os.path.exists(self.bundle)
 
 
-def run_task(
-    lab: Containerd, namespace: str, binary: str, children: int = 3, prefix: str = "rgctd"
-) -> Task:
+def run_task(lab: Containerd, namespace: str, binary: str, children: int = 3, prefix: str = "rgctd") -> Task:
     """Start a detached host-PID task through ``binary``; wait for all its processes."""
     task = Task(lab, namespace, unique(prefix), binary)
     # ctr asks for cpu shares 1024 by default; the v2 tree of a hybrid host has no
     # cpu controller (it is bound to v1), so under UNIFIED ask for none.
     shares = ["--cpu-shares", "0"] if lab.layout == UNIFIED else []
     lab.ctr(
-        namespace, "run", "-d", "--null-io", *shares, "--rootfs", "--runc-binary", binary,
-        "--with-ns", f"pid:/proc/{lab.pid}/ns/pid", lab.rootfs, task.id,
+        namespace,
+        "run",
+        "-d",
+        "--null-io",
+        *shares,
+        "--rootfs",
+        "--runc-binary",
+        binary,
+        "--with-ns",
+        f"pid:/proc/{lab.pid}/ns/pid",
+        lab.rootfs,
+        task.id,
         *sleepers_command(children),
     )
     if not wait_for(lambda: len(task.pids()) >= children + 1, 10):
@@ -372,8 +394,7 @@ def kill_cgroup_procs(relative: str) -> None:
     for d in dirs_named(relative):
         for pid in procs(d):
             if os.path.isdir(FREEZER):
-                with contextlib.suppress(OSError), \
-                        open(os.path.join(FREEZER, "cgroup.procs"), "w") as f:
+                with contextlib.suppress(OSError), open(os.path.join(FREEZER, "cgroup.procs"), "w") as f:
                     f.write(str(pid))
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -426,8 +447,14 @@ class CrashResult:
 
 
 def path_b_crash(
-    lab: Containerd, ns: str, binary: str, delay: float, children: int = 3, held: int = 2,
-    settle: float = 15.0, nested: bool = False,
+    lab: Containerd,
+    ns: str,
+    binary: str,
+    delay: float,
+    children: int = 3,
+    held: int = 2,
+    settle: float = 15.0,
+    nested: bool = False,
 ) -> CrashResult:
     """The incident's path: children frozen, init and shim SIGKILLed, released after ``delay``.
 
@@ -542,8 +569,7 @@ def guarded_containerd(
     settings = guard_settings(workdir, **extra)
     wrapper = write_wrapper(workdir)
     with open(settings["RUNC_GUARD_CONFIG"], "w") as f:
-        f.write(f"[runtimes]\n{WRAPPER_ALIAS} = {json.dumps(wrapper)}\n"
-                f"{CRUN_ALIAS} = {json.dumps(CRUN)}\n")
+        f.write(f"[runtimes]\n{WRAPPER_ALIAS} = {json.dumps(wrapper)}\n{CRUN_ALIAS} = {json.dumps(CRUN)}\n")
     for alias in (WRAPPER_ALIAS, CRUN_ALIAS):
         with contextlib.suppress(FileExistsError):
             os.symlink(guard_binary(), os.path.join(workdir, "bin", alias))
@@ -573,7 +599,11 @@ class PathAResult:
 
 @contextlib.contextmanager
 def path_a(
-    lab: Containerd, ns: str, binary: str, release_after: float | None, children: int = 3,
+    lab: Containerd,
+    ns: str,
+    binary: str,
+    release_after: float | None,
+    children: int = 3,
     held: int = 2,
 ) -> Iterator[PathAResult]:
     """The normal path: ``ctr task kill -s KILL``, then ``ctr task delete`` while children hang.
@@ -607,8 +637,13 @@ def path_a(
 def in_namespace(lab: Containerd, argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` in containerd's mount namespace, with containerd's environment."""
     return subprocess.run(
-        [NSENTER, "-t", str(lab.pid), "-m", "--", *argv], capture_output=True, text=True,
-        timeout=timeout, check=False, stdin=subprocess.DEVNULL, env=lab.env,
+        [NSENTER, "-t", str(lab.pid), "-m", "--", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        stdin=subprocess.DEVNULL,
+        env=lab.env,
     )
 
 
@@ -625,7 +660,11 @@ class StormResult:
 
 
 def crash_storm(
-    lab: Containerd, ns: str, binary: str, label: str, delays: list[float],
+    lab: Containerd,
+    ns: str,
+    binary: str,
+    label: str,
+    delays: list[float],
     progress: Callable[[str, int, int, CrashResult], None] | None = None,
 ) -> StormResult:
     """One Path B crash per delay through ``binary``; leftovers are counted, then removed."""

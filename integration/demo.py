@@ -35,8 +35,9 @@ def _progress(label: str, i: int, total: int, crash: cl.CrashResult) -> None:
 
 def _runc_label() -> str:
     """``runc 1.1.5``: the stock runtime's own version line."""
-    out = subprocess.run([cl.STOCK_RUNC, "--version"], capture_output=True, text=True,
-                         check=False, timeout=10).stdout
+    out = subprocess.run(
+        [cl.STOCK_RUNC, "--version"], capture_output=True, text=True, check=False, timeout=10
+    ).stdout
     words = out.split()
     if len(words) > 2 and words[:2] == ["runc", "version"]:
         return "runc " + words[2].split("+")[0]  # Debian: 1.1.5+ds1
@@ -48,19 +49,21 @@ def _ms(values: list[int]) -> str:
 
 
 def table(results: list[cl.StormResult]) -> str:
-    header = ("runtime", "cycles", "cgroup dirs leaked", "containers leaking", "wait p50",
-              "wait max")
+    header = ("runtime", "cycles", "cgroup dirs leaked", "containers leaking", "wait p50", "wait max")
     rows = [header]
     for r in results:
-        rows.append((
-            r.runtime, str(r.cycles), str(r.leaked_dirs), str(r.leaking_containers),
-            _ms(r.waited_ms), f"{max(r.waited_ms)} ms" if r.waited_ms else "- (no wait)",
-        ))
+        rows.append(
+            (
+                r.runtime,
+                str(r.cycles),
+                str(r.leaked_dirs),
+                str(r.leaking_containers),
+                _ms(r.waited_ms),
+                f"{max(r.waited_ms)} ms" if r.waited_ms else "- (no wait)",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -68,17 +71,43 @@ def table(results: list[cl.StormResult]) -> str:
 def journal_lines(journald_namespace: str, container_id: str) -> str:
     """The container's entries as ``journalctl`` prints them, then the canonical entry's fields."""
     short = subprocess.run(
-        ["journalctl", f"--namespace={journald_namespace}", "--no-pager", "-o", "short-iso",
-         f"CONTAINER_ID={container_id}"],
-        capture_output=True, text=True, check=False, timeout=30,
+        [
+            "journalctl",
+            f"--namespace={journald_namespace}",
+            "--no-pager",
+            "-o",
+            "short-iso",
+            f"CONTAINER_ID={container_id}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
     ).stdout
     out = subprocess.run(
-        ["journalctl", f"--namespace={journald_namespace}", "--no-pager", "-o", "verbose",
-         f"CONTAINER_ID={container_id}"],
-        capture_output=True, text=True, check=False, timeout=30,
+        [
+            "journalctl",
+            f"--namespace={journald_namespace}",
+            "--no-pager",
+            "-o",
+            "verbose",
+            f"CONTAINER_ID={container_id}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
     ).stdout
-    keep = ("OUTCOME=", "WAITED_MS=", "REMOVED=", "EXIT_STATUS=", "FORCE=", "TOTAL_MS=",
-            "STRAGGLERS_KILLED=", "PRIORITY=")
+    keep = (
+        "OUTCOME=",
+        "WAITED_MS=",
+        "REMOVED=",
+        "EXIT_STATUS=",
+        "FORCE=",
+        "TOTAL_MS=",
+        "STRAGGLERS_KILLED=",
+        "PRIORITY=",
+    )
     lines = [line.strip() for line in out.splitlines()]
     picked = [line for line in lines if line.startswith(keep)]
     shown = [line for line in short.splitlines() if not line.startswith("--")]
@@ -95,14 +124,18 @@ def run(cycles: int, seed: int) -> int:
     binary = cl.guard_binary()
     rng = random.Random(seed)
     delays = [round(rng.uniform(0.3, 3.0), 2) for _ in range(cycles)]
-    with tempfile.TemporaryDirectory(prefix="rgctd-demo-") as workdir, \
-            _maybe_journald() as jd:
+    with tempfile.TemporaryDirectory(prefix="rgctd-demo-") as workdir, _maybe_journald() as jd:
         extra = {"RUNC_GUARD_JOURNAL_SOCKET": jd.socket} if jd is not None else {}
         settings = cl.guard_settings(workdir, **extra)
-        print(f"private containerd in {workdir}; journald: "
-              f"{'namespace ' + jd.namespace if jd else 'not available (JSON lines file)'}")
-        print(f"{cycles} Path B crash cycles per runtime (init and shim SIGKILLed, "
-              f"2 of 3 children dying 0.3-3 s later)\n", flush=True)
+        print(
+            f"private containerd in {workdir}; journald: "
+            f"{'namespace ' + jd.namespace if jd else 'not available (JSON lines file)'}"
+        )
+        print(
+            f"{cycles} Path B crash cycles per runtime (init and shim SIGKILLed, "
+            f"2 of 3 children dying 0.3-3 s later)\n",
+            flush=True,
+        )
         with cl.running_containerd(workdir, settings) as lab, cl.namespace(lab, "rgctd-demo") as ns:
             stock = cl.crash_storm(lab, ns, cl.STOCK_RUNC, _runc_label(), delays, _progress)
             before = len(cl.delete_stats(settings))
@@ -111,8 +144,10 @@ def run(cycles: int, seed: int) -> int:
             guard.waited_ms = [int(str(s["waited_ms"])) for s in stats]
             outcomes = sorted({str(s["outcome"]) for s in stats})
             print("\n" + table([stock, guard]))
-            print(f"\nrunc-guard outcomes: {', '.join(outcomes)}; pending records left: "
-                  f"{len(cl.pending_records(settings))}")
+            print(
+                f"\nrunc-guard outcomes: {', '.join(outcomes)}; pending records left: "
+                f"{len(cl.pending_records(settings))}"
+            )
             one = stock.task_ids[-1]
             print(f"\ncontainerd's log for stock-runc container {one} (all there is):")
             for line in lab.log_lines_for(one):

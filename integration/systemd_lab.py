@@ -775,6 +775,26 @@ def path_b(
     return outcome
 
 
+@contextlib.contextmanager
+def scope_stop_timeout(machine: Machine, seconds: int) -> Iterator[None]:
+    """Give every ``cri-containerd-*.scope`` another stop timeout (a dash-prefix drop-in; systemd >= 246).
+
+    The drop-in applies to transient scopes too; without it the lab's
+    DefaultTimeoutStopSec (5 s) holds. Removed (and systemd reloaded) afterwards.
+    """
+    directory = machine.host_path("/etc/systemd/system/cri-containerd-.scope.d")
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "90-rg-stop-timeout.conf")
+    with open(path, "w") as f:
+        f.write(f"[Scope]\nTimeoutStopSec={seconds}s\n")
+    machine.systemctl("daemon-reload", check=True)
+    try:
+        yield
+    finally:
+        os.unlink(path)
+        machine.systemctl("daemon-reload")
+
+
 def guard_stats(machine: Machine) -> list[dict[str, object]]:
     path = machine.host_path(STATS_FILE)
     if not os.path.exists(path):

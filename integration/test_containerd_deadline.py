@@ -36,8 +36,9 @@ def test_delete_fails_with_runc_guards_reason_and_keeps_the_record(
             assert "still in use" in error
             assert "exit status" not in error
             assert "does not exist" not in error
-            records = [r for r in cl.pending_records(short_deadline.settings)
-                       if r.startswith(run.task.id + "@")]
+            records = [
+                r for r in cl.pending_records(short_deadline.settings) if r.startswith(run.task.id + "@")
+            ]
             assert len(records) == 1
             assert left, "the held children keep the cgroups"
             # Once the children die, containerd's retry of the delete goes through.

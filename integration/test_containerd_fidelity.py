@@ -23,8 +23,7 @@ def _ctr_session(lab: cl.Containerd, ns: str, task: cl.Task) -> list[tuple[objec
 
     def call(*args: str) -> str:
         proc = lab.ctr(ns, *args, check=False)
-        seen.append((args[:2], proc.returncode, _normal(proc.stdout, task.id),
-                     _normal(proc.stderr, task.id)))
+        seen.append((args[:2], proc.returncode, _normal(proc.stdout, task.id), _normal(proc.stderr, task.id)))
         return proc.stdout
 
     listed = call("task", "ps", task.id)
@@ -32,8 +31,7 @@ def _ctr_session(lab: cl.Containerd, ns: str, task: cl.Task) -> list[tuple[objec
     pids = sorted(int(line.split()[0]) for line in listed.splitlines()[1:])
     assert pids == sorted(task.pids())
     seen[-1] = (*seen[-1][:2], listed.splitlines()[0], len(pids), seen[-1][3])
-    call("task", "exec", "--exec-id", "e1", task.id, "/bin/sh", "-c",
-         "echo out; echo err >&2; exit 7")
+    call("task", "exec", "--exec-id", "e1", task.id, "/bin/sh", "-c", "echo out; echo err >&2; exit 7")
     call("task", "exec", "--exec-id", "e2", task.id, "/nonexistent")
     call("task", "pause", task.id)
     seen.append(("status", task.status()))
@@ -77,9 +75,7 @@ def test_direct_runtime_calls_match_stock_runc(ctd: cl.Containerd, ns: str) -> N
         results[binary] = []
         for args in calls:
             proc = cl.in_namespace(ctd, [binary, "--root", root, *args])
-            results[binary].append(
-                (args[0], proc.returncode, proc.stdout, _normal(proc.stderr, task.id))
-            )
+            results[binary].append((args[0], proc.returncode, proc.stdout, _normal(proc.stderr, task.id)))
     assert results[cl.guard_binary()] == results[cl.STOCK_RUNC]
     # runc's own codes: 1 for errors, 0 for delete --force of nothing, 3 for usage.
     assert [r[1] for r in results[cl.STOCK_RUNC]] == [0, 0, 1, 1, 0, 1, 1, 1, 3]

@@ -32,7 +32,6 @@ def test_runc_guard_delete_waits_and_removes_everything(
             assert run.delete.returncode == 0, run.delete.stderr
             assert left == []
             assert run.task.gone()
-            assert not [r for r in cl.pending_records(guarded.settings)
-                        if r.startswith(run.task.id + "@")]
+            assert not [r for r in cl.pending_records(guarded.settings) if r.startswith(run.task.id + "@")]
         finally:
             cl.remove_dirs(left)

@@ -9,9 +9,7 @@ from integration import containerd_lab as cl
 pytestmark = pytest.mark.kernel
 
 
-def test_stock_runc_leaks_and_containerd_logs_only_shim_disconnected(
-    ctd: cl.Containerd, ns: str
-) -> None:
+def test_stock_runc_leaks_and_containerd_logs_only_shim_disconnected(ctd: cl.Containerd, ns: str) -> None:
     """Control: stock runc 1.1.5 leaves the cgroups in every hierarchy and nobody logs an error."""
     crash = cl.path_b_crash(ctd, ns, cl.STOCK_RUNC, delay=1.0)
     try:
@@ -37,8 +35,7 @@ def test_runc_guard_leaves_no_cgroup_bundle_or_record(
     try:
         assert crash.left == []
         assert crash.bundle_gone
-        assert not [r for r in cl.pending_records(guarded.settings)
-                    if r.startswith(crash.task_id + "@")]
+        assert not [r for r in cl.pending_records(guarded.settings) if r.startswith(crash.task_id + "@")]
         stats = cl.delete_stats(guarded.settings)[before:]
         assert [s["outcome"] for s in stats] == ["removed"]
         # It had to wait for the held children and remove every hierarchy's directory.

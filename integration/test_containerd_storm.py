@@ -24,9 +24,7 @@ STORM_DELETE_TIMEOUT = "4"
 
 
 @pytest.fixture(scope="module")
-def storm_lab(
-    tmp_path_factory: pytest.TempPathFactory, journal: Journald | None
-) -> Iterator[cl.GuardedLab]:
+def storm_lab(tmp_path_factory: pytest.TempPathFactory, journal: Journald | None) -> Iterator[cl.GuardedLab]:
     """A containerd of its own whose runc-guard waits up to STORM_DELETE_TIMEOUT."""
     socket = journal.socket if journal is not None else None
     with cl.guarded_containerd_in(
@@ -51,19 +49,20 @@ def _storm(summary: list[str], guarded: cl.GuardedLab, ctd: cl.Containerd, ns: s
     stats = cl.delete_stats(guarded.settings)[before:]
     waited = [int(str(s["waited_ms"])) for s in stats]
     outcomes = sorted(str(s["outcome"]) for s in stats)
-    records = [r for r in cl.pending_records(guarded.settings)
-               if r.split("@")[0] in set(guard.task_ids)]
-    summary.extend([
-        f"storm of {CYCLES} Path B crashes, teardown delays 0.3-3 s, delete_timeout "
-        f"{STORM_DELETE_TIMEOUT} s (seed {seed}):",
-        f"  runc 1.1.5: {stock.leaked_dirs} cgroup dirs leaked by "
-        f"{stock.leaking_containers}/{CYCLES} containers",
-        f"  runc-guard: {guard.leaked_dirs} cgroup dirs leaked by "
-        f"{guard.leaking_containers}/{CYCLES} containers; pending records {len(records)}; "
-        f"outcomes {dict((o, outcomes.count(o)) for o in set(outcomes))}; "
-        f"wait p50 {int(statistics.median(waited)) if waited else '-'} ms, "
-        f"max {max(waited) if waited else '-'} ms",
-    ])
+    records = [r for r in cl.pending_records(guarded.settings) if r.split("@")[0] in set(guard.task_ids)]
+    summary.extend(
+        [
+            f"storm of {CYCLES} Path B crashes, teardown delays 0.3-3 s, delete_timeout "
+            f"{STORM_DELETE_TIMEOUT} s (seed {seed}):",
+            f"  runc 1.1.5: {stock.leaked_dirs} cgroup dirs leaked by "
+            f"{stock.leaking_containers}/{CYCLES} containers",
+            f"  runc-guard: {guard.leaked_dirs} cgroup dirs leaked by "
+            f"{guard.leaking_containers}/{CYCLES} containers; pending records {len(records)}; "
+            f"outcomes {dict((o, outcomes.count(o)) for o in set(outcomes))}; "
+            f"wait p50 {int(statistics.median(waited)) if waited else '-'} ms, "
+            f"max {max(waited) if waited else '-'} ms",
+        ]
+    )
     assert guard.leaked_dirs == 0
     assert records == []
     # "already_gone": the children died inside runc's own ~150 ms rmdir window.

@@ -188,6 +188,69 @@ def test_stock_path_b_past_both_budgets_leaks_and_fails_the_scope(
         sl.remove_task(crash.task)
 
 
+def test_stock_path_b_with_systemds_default_stop_timeout(
+    machine: sl.Machine, ns: str, summary: list[str]
+) -> None:
+    """Control, teardown 6 s with systemd's default 90 s stop timeout: the scope stops cleanly.
+
+    systemd waits out the 6 s and collects the unit, but containerd has already
+    killed the cleanup at 5 s: runc's state, the bundle and a directory in every
+    v1 controller stay.
+    """
+    with sl.scope_stop_timeout(machine, 90):
+        crash = sl.path_b(machine, ns, sl.STOCK_RUNC, delay=6.0)
+    try:
+        line(summary, "runc-1.1.5/90s", crash, machine)
+        assert any("signal: killed" in e for e in crash.containerd_errors), crash.containerd_errors
+        assert crash.unit["LoadState"] == "not-found"
+        assert crash.hierarchies_left() == V1_CONTROLLERS
+        assert crash.state_left
+    finally:
+        sl.remove_task(crash.task)
+
+
+@pytest.mark.parametrize("runtime", ["runc-1.1.5", "runc-1.3.4"])
+def test_runtime_delete_waits_for_systemds_whole_stop_job(
+    machine: sl.Machine, ns: str, runtime: str, summary: list[str]
+) -> None:
+    """What runc's systemd driver costs on Path B, with no containerd budget around it.
+
+    Init dead, children held for good, ``<runc> delete --force`` by hand: runc
+    waits for systemd's stop job, which takes the stop timeout twice (SIGTERM,
+    then the final SIGKILL: 2 x 5 s here, 2 x 90 s on a default systemd) before
+    it turns the scope ``failed``. runc 1.3.4 caps that wait at 30 s, runc 1.1.5
+    waits it out; either way far past containerd's 5 s budget. runc 1.1.5 then
+    exits 0 with its state gone, runc 1.3.4 exits 1 and keeps it (after ~1 s of
+    rmdir retries per directory); both leave the v1 directories.
+    """
+    rt = needs(runtime)
+    task = sl.run_task(machine, ns, rt)
+    hold = sl.freezer_hold(machine)
+    try:
+        hold.hold(task.children())
+        os.kill(task.init_host_pid(), 9)
+        assert wait_for(lambda: "STOPPED" in machine.ctr(ns, "task", "ls").stdout, 10, 0.1)
+        started = time.monotonic()
+        delete = machine.run(rt, "--root", f"{sl.RUNC_ROOT}/{ns}", "delete", "--force", task.id, check=False)
+        took = time.monotonic() - started
+        unit = task.unit_state()
+        summary.append(
+            f"{runtime:<12} delete --force by hand, children held: {took:.1f} s, exit {delete.returncode}, "
+            f"{len(task.host_dirs())} dirs, scope {unit['ActiveState']}/{unit['Result']}, "
+            f"state {'kept' if os.path.exists(task.runc_state()) else 'gone'}"
+        )
+        assert took >= 2 * sl.STOP_TIMEOUT_S - 0.5 > sl.SHIM_CLEANUP_BUDGET_S
+        assert len(task.host_dirs()) >= 7
+        if runtime == "runc-1.1.5":
+            assert delete.returncode == 0 and not os.path.exists(task.runc_state())
+            assert (unit["ActiveState"], unit["Result"]) == ("failed", "timeout")
+        else:
+            assert delete.returncode == 1 and os.path.exists(task.runc_state())
+    finally:
+        hold.destroy()
+        sl.remove_task(task)
+
+
 # -- sweep ------------------------------------------------------------------------
 
 
