@@ -275,7 +275,7 @@ def test_sweep_resets_the_failed_scope_once_the_container_is_gone(
     and the failed unit (``runtime_state``). containerd's restart re-runs the
     dead shim's cleanup with nothing left dying: runc removes the dirs and its
     state, but the scope stays ``failed`` for good. The sweep then
-    ``reset-failed``s it and systemd collects the unit.
+    ``reset-failed``s it and systemd collects the unit. The audit reports it first.
     """
     crash = sl.path_b(machine, ns, sl.STOCK_RUNC, delay=6.0)
     task = crash.task
@@ -287,6 +287,13 @@ def test_sweep_resets_the_failed_scope_once_the_container_is_gone(
         assert wait_for(task.gone, 20, 0.1), task.containerd_lines()[-3:]
         assert task.host_dirs() == [] and not os.path.exists(task.runc_state())
         assert task.unit_state()["ActiveState"] == "failed"
+        audit = machine.run(
+            f"{sl.GUARD_BIN}/runc-guardctl", "audit", "--min-age", "0", "--format", "json", check=False
+        )
+        assert audit.returncode == 1, audit.stdout  # Node Problem Detector: problem
+        report = json.loads(audit.stdout)
+        assert [s["action"] for s in report["failed_scopes"] if s["id"] == task.id] == ["would_reset_failed"]
+        assert "failed scope unit(s) of gone containers" in report["message"]
         dry = sweep(machine, "--dry-run")
         assert actions_for(dry, task.id) == ["would_reset_failed"]
         second = sweep(machine)

@@ -511,3 +511,15 @@ def test_doctor_reports_the_driver(tmp_path: Any, monkeypatch: pytest.MonkeyPatc
     assert any("systemd cgroup driver" in p for p in report["problems"])
     text = CliRunner().invoke(doctor_cmd, ["--containerd-config", str(config), "--runtime-root", root])
     assert "containerd handlers nvidia=cgroupfs, runc=systemd; containers by driver: systemd 1" in text.output
+
+
+def test_audit_judges_a_failed_scope_of_a_gone_container_a_problem() -> None:
+    """A failed scope the sweep would reset makes the audit say "problem" (NPD exit 1)."""
+    from runc_guard.audit import NPD_OK, NPD_PROBLEM, AuditReport, judge
+
+    report = AuditReport(["/sys/fs/cgroup/memory"])
+    report.failed_scopes = [{"id": ID, "action": "kept:runtime_state", "unit": "u"}]
+    assert judge(report, 0, 1800.0) == NPD_OK
+    report.failed_scopes.append({"id": ID_GONE, "action": "would_reset_failed", "unit": "v"})
+    assert judge(report, 0, 1800.0) == NPD_PROBLEM
+    assert "1 failed scope unit(s) of gone containers" in report.message
