@@ -759,10 +759,15 @@ def path_b(
         wait_for(lambda: init not in task.host_pids(), 5)
         os.kill(shim, signal.SIGKILL)
         killed = time.monotonic()
-        time.sleep(max(0.0, killed + delay - time.monotonic()))
+        # containerd may be done (bundle deleted) while the children are still held.
+        gone_at = None
+        while time.monotonic() < killed + delay:
+            if gone_at is None and task.gone():
+                gone_at = time.monotonic()
+            time.sleep(0.05)
         hold.release()
         wait_for(lambda: task.gone() or bool(task.cleanup_failures()), settle, 0.1)
-        cleanup_s = time.monotonic() - killed
+        cleanup_s = (gone_at or time.monotonic()) - killed
         wait_for(lambda: not task.host_pids(), 5)
         # systemd may still be collecting the unit: let its state settle.
         time.sleep(0.5)
@@ -793,6 +798,20 @@ def scope_stop_timeout(machine: Machine, seconds: int) -> Iterator[None]:
     finally:
         os.unlink(path)
         machine.systemctl("daemon-reload")
+
+
+@contextlib.contextmanager
+def containerd_environment(machine: Machine, **variables: str) -> Iterator[None]:
+    """Restart the machine's containerd with extra environment (the shim and runc-guard inherit it)."""
+    assignments = [f"{k}={v}" for k, v in variables.items()]
+    machine.systemctl("set-environment", *assignments, check=True)
+    machine.systemctl("restart", "containerd", check=True)
+    try:
+        yield
+    finally:
+        machine.systemctl("unset-environment", *variables)
+        machine.systemctl("restart", "containerd")
+        wait_for(lambda: machine.run("ctr", "version", check=False).returncode == 0, 30, 0.1)
 
 
 def guard_stats(machine: Machine) -> list[dict[str, object]]:
