@@ -334,3 +334,78 @@ def test_doctor_says_containers_use_the_systemd_driver(machine: sl.Machine, ns: 
         assert not [p for p in report["problems"] if "cgroup driver" in p]
     finally:
         sl.remove_task(task)
+
+
+# -- runc-guard past the budgets (needs the WIP wiring in runc_guard/delete.py) -----------------
+
+
+@pytest.mark.parametrize("runtime", ["guard-1.1.5", "guard-1.3.4"])
+def test_guard_reports_before_containerds_kill_and_the_retry_finishes(
+    machine: sl.Machine, ns: str, runtime: str, summary: list[str]
+) -> None:
+    """Teardown 6 s through runc-guard: it stops the scope through systemd, reports at its deadline.
+
+    containerd never has to kill it (no ``signal: killed``); its journal entry
+    names the unit and says ``deadline``; the pending record and runc's state
+    stay. The next delete of the same id (what containerd's retry or the
+    sweep's re-drive runs) resets the now failed, empty scope through systemd,
+    runs the runtime's delete and removes the v1 leftovers: nothing is left.
+    """
+    guard = needs(runtime)
+    records_before = set(sl.pending_records(machine))
+    crash = sl.path_b(machine, ns, guard, delay=6.0)
+    task = crash.task
+    try:
+        line(summary, runtime, crash, machine)
+        assert not [e for e in crash.containerd_errors if "signal: killed" in e]
+        last = sl.guard_stats(machine)[-1]
+        assert last["outcome"] == "deadline"
+        entries = [
+            e for e in machine.journal("SYSLOG_IDENTIFIER=runc-guard") if task.id in str(e.get("MESSAGE"))
+        ]
+        scope = json.loads(str(entries[-1]["SYSTEMD_SCOPE"]))
+        assert scope["unit"] == task.unit and scope["outcome"] == "still_busy"
+        assert 2500 <= scope["waited_ms"] < sl.SHIM_CLEANUP_BUDGET_S * 1000
+        assert set(sl.pending_records(machine)) - records_before
+        assert crash.state_left and crash.unit["ActiveState"] == "failed"
+        retry = machine.run(
+            guard, "--root", f"{sl.RUNC_ROOT}/{ns}", "delete", "--force", task.id, check=False
+        )
+        assert retry.returncode == 0, retry.stderr
+        after = json.loads(str(machine.journal("SYSLOG_IDENTIFIER=runc-guard")[-1]["SYSTEMD_SCOPE"]))
+        assert after["outcome"] == "reset_failed"
+        assert task.host_dirs() == []
+        assert task.unit_state()["LoadState"] == "not-found"
+        assert not os.path.exists(task.runc_state())
+        assert set(sl.pending_records(machine)) == records_before
+        summary.append(
+            f"{runtime:<12} retry: exit 0, scope reset_failed -> collected, 0 dirs, record cleared"
+        )
+    finally:
+        sl.remove_task(task)
+
+
+@pytest.mark.parametrize("runtime", ["guard-1.1.5", "guard-1.3.4"])
+@pytest.mark.parametrize("delay", [3.6, 4.0])
+def test_guard_deadline_near_the_budget_leaves_nothing_for_a_4s_teardown(
+    machine: sl.Machine, ns: str, runtime: str, delay: float, summary: list[str]
+) -> None:
+    """With ``delete_timeout = 4.5`` (counted from runc-guard's start) a teardown of 3.6-4 s
+    ends like stock runc's: 0 dirs, unit gone.
+
+    With a 3 s deadline the same crash leaves the 8 v1 dirs and runc's state
+    for the retry (runc-guard gives up before systemd's stop job ends), where
+    stock runc, waiting on systemd, finishes inside containerd's 5 s.
+    """
+    guard = needs(runtime)
+    with sl.containerd_environment(machine, RUNC_GUARD_DELETE_TIMEOUT="4.5"):
+        crash = sl.path_b(machine, ns, guard, delay=delay)
+    try:
+        line(summary, f"{runtime}@4.5", crash, machine)
+        assert crash.dirs_left == []
+        assert crash.unit["LoadState"] == "not-found"
+        assert not crash.state_left and crash.bundle_gone
+        assert crash.cleanup_s < sl.SHIM_CLEANUP_BUDGET_S
+        assert not crash.containerd_errors
+    finally:
+        sl.remove_task(crash.task)

@@ -34,7 +34,7 @@ from typing import Any
 from runc_guard import runclog
 from runc_guard.argv import Invocation
 from runc_guard.cgroupfs import CgroupFsOps, RealCgroupFs, cgroup_mounts
-from runc_guard.cleanup import CleanupReport, drain
+from runc_guard.cleanup import CleanupReport, drain, live_pids
 from runc_guard.config import Settings, lenient_settings
 from runc_guard.errors import (
     EXIT_CGROUP_BUSY,
@@ -59,7 +59,7 @@ from runc_guard.pending import (
     remove_record,
     write_record,
 )
-from runc_guard.procinfo import init_alive, start_wall_time
+from runc_guard.procinfo import init_alive, start_wall_time, started_monotonic
 from runc_guard.runtime import RuntimeRun, run_runtime_child
 from runc_guard.settings_file import cache_dir, config_path, first_report
 from runc_guard.state import (
@@ -110,6 +110,7 @@ class DeleteRun:
         fs: CgroupFsOps | None = None,
         mounts: Callable[[], Mapping[str, str]] = cgroup_mounts,
         clock: Callable[[], float] = time.monotonic,
+        started: float | None = None,
     ) -> None:
         assert invocation.container_id is not None
         self.invocation = invocation
@@ -119,7 +120,8 @@ class DeleteRun:
         self.fs: CgroupFsOps = fs or RealCgroupFs()
         self.mounts = mounts
         self.clock = clock
-        self.started = clock()
+        #: The deadline counts from the process start (``started``) when the caller knows it.
+        self.started = clock() if started is None else min(started, clock())
         self.deadline = self.started + settings.delete_timeout
         self.container_id: str = invocation.container_id
         self.root = os.path.abspath(invocation.root)
@@ -310,8 +312,11 @@ class DeleteRun:
         may_kill, watch_foreign = self._kill_policy(state)
         alive = init_alive(state.init_pid, state.init_start)
         self.canonical["init_alive"] = alive
+        unit = self._scope_unit(state)
         if not alive:
             # The dead-shim path: empty first, so the runtime's own removal succeeds.
+            if unit is not None:
+                self._settle_scope(unit, paths, "systemd_scope")
             self._wait_empty(paths, may_kill, watch_foreign, before_runtime=True)
         run = self._run_runtime(self.deadline)
         run = self._rerun_while_busy(run, state, paths, may_kill, watch_foreign)
@@ -323,12 +328,56 @@ class DeleteRun:
         if run.status != 0 and not any(self.fs.exists(p) for p in paths):
             remove_record(self.record or "")
             return ("runtime_failed", run.status, f"runtime exited with status {run.status}")
+        if unit is not None:
+            # A scope runc could not stop in time is left "failed": reset it once empty,
+            # before the v1 leftovers go (systemd then collects the unit and its own dirs).
+            self._settle_scope(unit, paths, "systemd_scope_after")
         report = self._remove(paths, may_kill, watch_foreign, runtime_status=run.status)
         remove_record(self.record or "")
         # "removed": runc-guard had work to do (waited for or killed processes, or removed
         # directories itself); "already_gone": the runtime alone left nothing behind.
         worked = self.waited or bool(report.removed) or bool(report.killed) or report.attempts > 1
         return ("removed" if worked else "already_gone", run.status, "")
+
+    def _scope_unit(self, state: ContainerState) -> str | None:
+        """The container's systemd scope unit when runc's systemd driver made its cgroups.
+
+        From the state, not from ``--systemd-cgroup``: containerd's dead-shim cleanup
+        runs ``runc delete --force`` without the flag.
+        """
+        if not state.systemd:
+            return None
+        from runc_guard.systemd_scope import scope_unit_name
+
+        unit = scope_unit_name(state.systemd_name, state.scope_prefix)
+        if unit is not None:
+            self.canonical["systemd_unit"] = unit
+        return unit
+
+    def _settle_scope(self, unit: str, paths: list[str], key: str) -> None:
+        """Work with systemd, not behind its back: stop the scope, wait, reset-failed it.
+
+        runc's own systemd driver waits for systemd's whole stop job (twice the stop
+        timeout) and is SIGKILLed by containerd at 5 s with us; here the same stop
+        is waited for within our deadline. Still busy at the deadline: exit 75 with
+        the record kept, before containerd's kill; no systemd to ask: nothing changes.
+        """
+        from runc_guard.systemd_scope import STILL_BUSY, settle
+
+        def empty() -> bool:
+            return not any(live_pids(p, self.fs) for p in paths if self.fs.exists(p))
+
+        result = settle(unit, empty, self.deadline, self.settings.poll_interval)
+        self.canonical[key] = result.as_dict()
+        if result.outcome == STILL_BUSY:
+            state = result.status.active_state if result.status is not None else "busy"
+            raise Outcome(
+                "deadline",
+                EXIT_CGROUP_BUSY,
+                f"systemd scope {unit} still {state} after {result.waited_ms} ms (processes still"
+                " exiting); recorded for a retry or runc-guardctl sweep",
+                True,
+            )
 
     def _rerun_while_busy(
         self, run: RuntimeRun, state: ContainerState, paths: list[str], may_kill: bool, watch_foreign: bool
@@ -569,7 +618,7 @@ def run_delete(
         problems.insert(0, config_problem)
     run: DeleteRun | None = None
     try:
-        run = DeleteRun(invocation, args, runtime, settings)
+        run = DeleteRun(invocation, args, runtime, settings, started=started_monotonic())
         for problem in problems:
             if first_report(cache_dir(environ), config_path(environ), problem):
                 run.log.error("config_invalid", reason=problem)

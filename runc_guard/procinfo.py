@@ -92,3 +92,16 @@ def start_wall_time(start: int) -> float:
     ticks = os.sysconf("SC_CLK_TCK")
     booted = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
     return booted + start / ticks
+
+
+def started_monotonic(pid: int | None = None, proc: str = "/proc") -> float | None:
+    """When ``pid`` (default: this process) started, on the time.monotonic() clock.
+
+    The delete's deadline counts from the moment containerd started runc-guard,
+    not from when its imports were done: containerd's budget counts from then too.
+    """
+    start = start_time(os.getpid() if pid is None else pid, proc)
+    if start is None:
+        return None
+    age = time.clock_gettime(time.CLOCK_BOOTTIME) - start / os.sysconf("SC_CLK_TCK")
+    return time.monotonic() - max(0.0, age)
