@@ -22,6 +22,8 @@ from typing import Any
 from runc_guard.cgroupfs import CgroupFsOps
 from runc_guard.discovery import Discovery, pod_uid_of
 from runc_guard.metrics import Gauge
+from runc_guard.orphans import ORPHAN
+from runc_guard.orphans import judge as judge_state
 from runc_guard.sweep import RuntimeDirs, decide, read_facts
 
 NPD_OK = 0
@@ -57,6 +59,10 @@ class AuditReport:
     bundles_without_state: list[str] = field(default_factory=list)
     pending: list[dict[str, Any]] = field(default_factory=list)
     pending_errors: dict[str, str] = field(default_factory=dict)
+    #: Runtime state whose init is dead and that no bundle or shim owns (the sweep re-drives it).
+    orphaned_states: list[dict[str, Any]] = field(default_factory=list)
+    #: Orphaned state whose cgroup paths are unsafe to act on.
+    state_errors: dict[str, str] = field(default_factory=dict)
     runtime: dict[str, str] = field(default_factory=dict)
     status: str = "ok"
     message: str = ""
@@ -143,6 +149,17 @@ def audit(
             {"record": record, "container_id": cid, "age_seconds": round(now - created, 1)}
         )
     report.pending_errors = dict(discovery.record_errors)
+    for state in discovery.states:
+        if judge_state(state, now, min_age) == ORPHAN:
+            report.orphaned_states.append({
+                "container_id": state.state.container_id,
+                "state_dir": state.state.path,
+                "namespace": state.state.namespace,
+                "kind": state.kind,
+                "init_pid": state.init_pid,
+                "age_seconds": round(now - state.modified, 1),
+            })
+    report.state_errors = dict(discovery.state_errors)
     return report
 
 
@@ -160,6 +177,12 @@ def judge(report: AuditReport, max_leaked: int, pending_max_age: float) -> int:
         problems.append(f"{len(stale)} pending record(s) older than {pending_max_age:g}s")
     if report.pending_errors:
         problems.append(f"{len(report.pending_errors)} unusable pending record(s)")
+    if report.orphaned_states:
+        problems.append(
+            f"{len(report.orphaned_states)} orphaned runtime state(s) (init dead, no bundle, no shim)"
+        )
+    if report.state_errors:
+        problems.append(f"{len(report.state_errors)} orphaned state(s) naming unsafe cgroups")
     if problems:
         report.status = "problem"
         report.message = "CgroupLeak: " + "; ".join(problems)
@@ -167,7 +190,7 @@ def judge(report: AuditReport, max_leaked: int, pending_max_age: float) -> int:
     report.status = "ok"
     report.message = (
         f"OK: {report.leaked_containers} leaked of {report.containers} container cgroups, "
-        f"{len(report.pending)} pending record(s)"
+        f"{len(report.pending)} pending record(s), 0 orphaned runtime states"
     )
     return NPD_OK
 

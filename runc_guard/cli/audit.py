@@ -21,10 +21,9 @@ from runc_guard.audit import (
     judge,
 )
 from runc_guard.cgroupfs import RealCgroupFs
-from runc_guard.cli.sweep import scan, scan_options
+from runc_guard.cli.sweep import runtime_dirs, scan, scan_options
 from runc_guard.config import Settings, load_settings
 from runc_guard.errors import RuncGuardError
-from runc_guard.sweep import RuntimeDirs
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,6 +47,8 @@ def run_audit(
     kubepods: tuple[str, ...],
     runtime_root: str,
     bundle_root: str,
+    state_roots: tuple[str, ...],
+    orphans: bool,
     min_age: float,
     max_leaked: int,
     pending_max_age: float,
@@ -55,8 +56,9 @@ def run_audit(
     """Scan, classify and judge; returns the report, the NPD exit code and the time."""
     fs = RealCgroupFs()
     now = time.time()
-    discovery = scan(settings, cgroup_root, kubepods, fs)
-    report = audit(discovery, fs, RuntimeDirs(runtime_root, bundle_root), now, min_age)
+    runtime = runtime_dirs(settings, runtime_root, bundle_root, state_roots, orphans)
+    discovery = scan(settings, cgroup_root, kubepods, fs, runtime, min_age)
+    report = audit(discovery, fs, runtime, now, min_age)
     report.runtime = fronted_runtime(os.environ)
     code = judge(report, max_leaked, pending_max_age)
     return report, code, now
@@ -76,6 +78,11 @@ def _print_text(report: AuditReport, quiet: bool) -> None:
         click.echo(f"runc state without containerd bundle: {entry}")
     for entry in report.bundles_without_state:
         click.echo(f"containerd bundle without runc state: {entry}")
+    for orphan in report.orphaned_states:
+        click.echo(f"orphaned runtime state: {orphan['state_dir']} (init {orphan['init_pid']} dead, "
+                   f"{orphan['age_seconds']:g}s old)")
+    for path, why in sorted(report.state_errors.items()):
+        click.echo(f"orphaned runtime state {path}: {why}")
     for record in report.pending:
         click.echo(f"pending: {record['container_id']} for {record['age_seconds']:g}s ({record['record']})")
     for path, why in sorted(report.pending_errors.items()):
@@ -102,6 +109,8 @@ def audit_cmd(
     kubepods: tuple[str, ...],
     runtime_root: str,
     bundle_root: str,
+    state_roots: tuple[str, ...],
+    orphans: bool,
     min_age: float,
     max_leaked: int,
     pending_max_age: float,
@@ -112,18 +121,19 @@ def audit_cmd(
     """Report leaked container cgroups per pod without changing anything.
 
     Also lists runc state ids without a containerd bundle (and the reverse),
-    the shim's pending records and their age, and the runtime runc-guard
-    fronts. "Leaked" means exactly what `runc-guardctl sweep` would remove.
+    the shim's pending records and their age, orphaned runtime state (init
+    dead, no bundle, no live shim), and the runtime runc-guard fronts.
+    "Leaked" means exactly what `runc-guardctl sweep` would remove.
 
     Exit status follows Node Problem Detector's custom plugins: 0 OK, 1 problem
-    (leaked cgroups, stale or unusable pending records), 2 unknown (the audit
+    (leaked cgroups, orphaned runtime state, stale or unusable pending records), 2 unknown (the audit
     could not run); the first output line is the message.
     """
     try:
         settings = load_settings()
         report, code, now = run_audit(
-            settings, cgroup_root, kubepods, runtime_root, bundle_root, min_age,
-            max_leaked, pending_max_age,
+            settings, cgroup_root, kubepods, runtime_root, bundle_root, state_roots, orphans,
+            min_age, max_leaked, pending_max_age,
         )
     except RuncGuardError as exc:
         click.echo(f"UNKNOWN: {exc}")

@@ -22,6 +22,8 @@ def metrics_cmd(
     kubepods: tuple[str, ...],
     runtime_root: str,
     bundle_root: str,
+    state_roots: tuple[str, ...],
+    orphans: bool,
     min_age: float,
     max_leaked: int,
     pending_max_age: float,
@@ -36,8 +38,8 @@ def metrics_cmd(
     """
     settings = load_settings()
     report, _code, now = run_audit(
-        settings, cgroup_root, kubepods, runtime_root, bundle_root, min_age,
-        max_leaked, pending_max_age,
+        settings, cgroup_root, kubepods, runtime_root, bundle_root, state_roots, orphans,
+        min_age, max_leaked, pending_max_age,
     )
     text = export(settings.stats_file, gauges(report, now), now, None if output == "-" else output)
     if output == "-":
