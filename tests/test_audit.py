@@ -186,7 +186,7 @@ def test_cli_ok_on_this_node_json(tmp_path: Path) -> None:
         "RUNC_GUARD_PENDING_DIR": str(tmp_path / "pending"),
     }
     args = ["audit", "--kubepods", "rgsweep-absent-tree", "--runtime-root", str(tmp_path),
-            "--bundle-root", str(tmp_path), "--format", "json"]
+            "--bundle-root", str(tmp_path), "--state-root", str(tmp_path), "--format", "json"]
     result = CliRunner().invoke(cli, args, env=env)
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)

@@ -220,7 +220,7 @@ def test_cli_metrics_folds_and_prints(tmp_path: Path) -> None:
         "RUNC_GUARD_PENDING_DIR": str(tmp_path / "run" / "pending"),
     }
     args = ["metrics", "--kubepods", "rgsweep-absent-tree", "--runtime-root", str(tmp_path),
-            "--bundle-root", str(tmp_path)]
+            "--bundle-root", str(tmp_path), "--state-root", str(tmp_path)]
     result = CliRunner().invoke(cli, args, env=env)
     assert result.exit_code == 0, result.output
     samples = {s.name + str(sorted(s.labels.items())): s.value
