@@ -7,7 +7,7 @@ import os
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -16,14 +16,17 @@ from runc_guard.audit import (
     NPD_UNKNOWN,
     AuditReport,
     audit,
+    families,
     fronted_runtime,
-    gauges,
     judge,
 )
-from runc_guard.cgroupfs import RealCgroupFs
+from runc_guard.cgroupfs import RealCgroupFs, cgroup_mounts
 from runc_guard.cli.sweep import runtime_dirs, scan, scan_options
-from runc_guard.config import Settings, load_settings
-from runc_guard.errors import RuncGuardError
+from runc_guard.config import Settings, load_settings, settings_from
+from runc_guard.errors import ConfigError, NoCgroupHierarchy, RuncGuardError
+
+if TYPE_CHECKING:
+    from runc_guard.metrics import Family
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,12 +34,19 @@ F = TypeVar("F", bound=Callable[..., Any])
 def judge_options(func: F) -> F:
     """What counts as a problem: shared with ``metrics`` (its runc_guard_audit_ok gauge)."""
     func = click.option(
-        "--pending-max-age", default=DEFAULT_PENDING_MAX_AGE, show_default=True,
-        type=click.FloatRange(min=0), metavar="SECONDS",
+        "--pending-max-age",
+        default=DEFAULT_PENDING_MAX_AGE,
+        show_default=True,
+        type=click.FloatRange(min=0),
+        metavar="SECONDS",
         help="A pending record older than this is a problem (the sweep could not finish it).",
     )(func)
     return click.option(
-        "--max-leaked", default=0, show_default=True, type=click.IntRange(min=0), metavar="N",
+        "--max-leaked",
+        default=0,
+        show_default=True,
+        type=click.IntRange(min=0),
+        metavar="N",
         help="Report a problem only when more than N containers have leaked cgroups.",
     )(func)
 
@@ -64,6 +74,60 @@ def run_audit(
     return report, code, now
 
 
+def fallback_settings() -> Settings:
+    """Settings to find the stats file with when the settings file is invalid: environment, else defaults."""
+    try:
+        return settings_from({}, os.environ, "(environment)")
+    except ConfigError:
+        return Settings()
+
+
+def node_families(
+    config_error: str | None,
+    report: AuditReport | None,
+    now: float,
+    cgroup_root: str,
+    kubepods: tuple[str, ...],
+) -> list[Family]:
+    """Every fresh gauge: settings validity, the audit's view (when it ran) and the kernel's counters."""
+    from runc_guard.cgroupstats import families as kernel_families
+    from runc_guard.cgroupstats import read_kernel
+    from runc_guard.discovery import hierarchies_below
+    from runc_guard.metrics import Family
+
+    out = [
+        Family.one(
+            "runc_guard_config_valid",
+            "1 when runc-guard's settings file (and RUNC_GUARD_* variables) are valid.",
+            0 if config_error else 1,
+        )
+    ]
+    if report is not None:
+        out.extend(families(report, now))
+    try:
+        mounts = {h.mount: h.fstype for h in hierarchies_below(cgroup_root, cgroup_mounts())}
+    except (NoCgroupHierarchy, OSError):
+        mounts = {}
+    out.extend(kernel_families(read_kernel(mounts, kubepods)))
+    return out
+
+
+def write_metrics(
+    settings: Settings,
+    config_error: str | None,
+    report: AuditReport | None,
+    now: float,
+    cgroup_root: str,
+    kubepods: tuple[str, ...],
+    output: str | None,
+) -> str:
+    """Fold the shim's stats, add every fresh gauge, write ``output`` atomically; return the text."""
+    from runc_guard.metrics import export
+
+    gauges = node_families(config_error, report, now, cgroup_root, kubepods)
+    return export(settings.stats_file, gauges, now, output)
+
+
 def _print_text(report: AuditReport, quiet: bool) -> None:
     click.echo(report.message)
     if quiet:
@@ -79,8 +143,10 @@ def _print_text(report: AuditReport, quiet: bool) -> None:
     for entry in report.bundles_without_state:
         click.echo(f"containerd bundle without runc state: {entry}")
     for orphan in report.orphaned_states:
-        click.echo(f"orphaned runtime state: {orphan['state_dir']} (init {orphan['init_pid']} dead, "
-                   f"{orphan['age_seconds']:g}s old)")
+        click.echo(
+            f"orphaned runtime state: {orphan['state_dir']} (init {orphan['init_pid']} dead, "
+            f"{orphan['age_seconds']:g}s old)"
+        )
     for path, why in sorted(report.state_errors.items()):
         click.echo(f"orphaned runtime state {path}: {why}")
     for record in report.pending:
@@ -97,13 +163,17 @@ def _print_text(report: AuditReport, quiet: bool) -> None:
 @click.command(name="audit", short_help="Report leaked container cgroups, read-only (NPD exit codes).")
 @scan_options
 @judge_options
-@click.option("--metrics-file", type=click.Path(dir_okay=False), metavar="PATH",
-              help="Also write Prometheus metrics here, atomically (e.g. node_exporter's "
-                   "textfile directory/runc_guard.prom).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True)
-@click.option("-q", "--quiet", is_flag=True,
-              help="Print only the one-line message (what Node Problem Detector shows).")
+@click.option(
+    "--metrics-file",
+    type=click.Path(dir_okay=False),
+    metavar="PATH",
+    help="Also write Prometheus metrics here, atomically (e.g. node_exporter's "
+    "textfile directory/runc_guard.prom).",
+)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option(
+    "-q", "--quiet", is_flag=True, help="Print only the one-line message (what Node Problem Detector shows)."
+)
 def audit_cmd(
     cgroup_root: str,
     kubepods: tuple[str, ...],
@@ -131,9 +201,29 @@ def audit_cmd(
     """
     try:
         settings = load_settings()
+    except ConfigError as exc:
+        # Still write the metrics file: runc_guard_config_valid 0 is what alerts on this.
+        if metrics_file is not None:
+            try:
+                write_metrics(
+                    fallback_settings(), str(exc), None, time.time(), cgroup_root, kubepods, metrics_file
+                )
+            except OSError as write_exc:
+                click.echo(f"warning: cannot write metrics: {write_exc}", err=True)
+        click.echo(f"UNKNOWN: {exc}")
+        raise SystemExit(NPD_UNKNOWN) from None
+    try:
         report, code, now = run_audit(
-            settings, cgroup_root, kubepods, runtime_root, bundle_root, state_roots, orphans,
-            min_age, max_leaked, pending_max_age,
+            settings,
+            cgroup_root,
+            kubepods,
+            runtime_root,
+            bundle_root,
+            state_roots,
+            orphans,
+            min_age,
+            max_leaked,
+            pending_max_age,
         )
     except RuncGuardError as exc:
         click.echo(f"UNKNOWN: {exc}")
@@ -143,10 +233,8 @@ def audit_cmd(
         click.echo(f"UNKNOWN: internal error: {type(exc).__name__}: {exc}")
         raise SystemExit(NPD_UNKNOWN) from None
     if metrics_file is not None:
-        from runc_guard.metrics import export
-
         try:
-            export(settings.stats_file, gauges(report, now), now, metrics_file)
+            write_metrics(settings, None, report, now, cgroup_root, kubepods, metrics_file)
         except OSError as exc:
             click.echo(f"warning: cannot write metrics: {exc}", err=True)
     if fmt == "json":
