@@ -259,3 +259,13 @@ def test_invalid_settings_still_write_metrics(tmp_path: Path) -> None:
     assert result.exit_code == 2 and result.output.startswith("UNKNOWN: ")
     assert "runc_guard_config_valid 0.0" in out.read_text()
     assert (tmp_path / "run" / "metrics-state.json").exists()  # the fallback honours RUNC_GUARD_STATS_FILE
+
+
+def test_metrics_module_imports_no_exposition_library() -> None:
+    """Importing runc_guard.metrics (as audit and sweep do) loads prometheus-client only when rendering."""
+    import subprocess
+    import sys
+
+    code = "import sys, runc_guard.metrics, runc_guard.audit; print('prometheus_client' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"

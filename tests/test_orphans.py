@@ -443,3 +443,32 @@ def test_act_reports_a_missing_runtime(tmp_path: Path, proc: str) -> None:
     orphans.run = run
     done = orphans.act(facts, str(tmp_path / "no-such-runtime"))
     assert called == [] and done.state_left and "missing" in done.error
+
+
+def test_text_reports_name_the_orphan_and_the_rerun(capsys: pytest.CaptureFixture[str]) -> None:
+    """Sweep text shows the re-run runtime command and its outcome; audit text lists the orphaned state."""
+    from runc_guard.audit import AuditReport
+    from runc_guard.cli.audit import _print_text as print_audit
+    from runc_guard.cli.sweep import _print_text as print_sweep
+    from runc_guard.sweep import SweepReport
+
+    sweep = SweepReport(dry_run=False, hierarchies=["/cg/memory"])
+    sweep.redriven.append(
+        Redrive(
+            cid(1),
+            "/run/runc",
+            ["/usr/sbin/runc", "--root", "/run/runc", "delete", "--force", cid(1)],
+            0,
+            "",
+            0.108,
+            False,
+        ).as_dict()
+    )
+    print_sweep(sweep)
+    assert f"re-ran /usr/sbin/runc --root /run/runc delete --force {cid(1)}: exit 0, state gone" in (
+        capsys.readouterr().out
+    )
+    report = AuditReport(["/cg/memory"])
+    report.orphaned_states = [{"state_dir": f"/run/runc/{cid(1)}", "init_pid": 4001, "age_seconds": 90.0}]
+    print_audit(report, quiet=False)
+    assert f"orphaned runtime state: /run/runc/{cid(1)} (init 4001 dead, 90s old)" in capsys.readouterr().out
