@@ -31,14 +31,21 @@ pytestmark = pytest.mark.kernel
 CTL = os.path.join(os.path.dirname(sys.executable), "runc-guardctl")
 
 
-@pytest.fixture(scope="module")
-def ctd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cl.Containerd]:
-    workdir = str(tmp_path_factory.mktemp("rgctd-orphans"))
-    with cl.running_containerd(workdir, {}) as lab:
+@pytest.fixture(scope="module", params=[cl.HYBRID, cl.UNIFIED])
+def ctd(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[cl.Containerd]:
+    """A private containerd 1.6 on the host's hybrid layout, and one in a pure cgroup v2 namespace."""
+    workdir = str(tmp_path_factory.mktemp(f"rgctd-orphans-{request.param}"))
+    with cl.running_containerd(workdir, {}, request.param) as lab:
         yield lab
 
 
+def runc_root(lab: cl.Containerd) -> str:
+    """The shim's runc root as the sweep sees it: from the host, or inside the pure-v2 namespace."""
+    return cl.RUNC_ROOT if lab.layout == cl.UNIFIED else lab.inside(cl.RUNC_ROOT)
+
+
 def sweep(lab: cl.Containerd, ns: str, runc: str, tmp: str, *args: str) -> dict[str, object]:
+    """``runc-guardctl sweep`` over the namespace's cgroups (inside containerd's mounts on pure v2)."""
     env = dict(
         os.environ,
         RUNC_GUARD_CONFIG=os.path.join(tmp, "absent.toml"),
@@ -46,7 +53,11 @@ def sweep(lab: cl.Containerd, ns: str, runc: str, tmp: str, *args: str) -> dict[
         RUNC_GUARD_STATS_FILE=os.path.join(tmp, "run", "deletes.jsonl"),
         RUNC_GUARD_RUNTIME=runc,
     )
+    # On pure v2 only containerd's mount namespace has cgroup2 at /sys/fs/cgroup,
+    # where runc's state.json places the container: there the sweep runs inside it.
+    inside = [cl.NSENTER, "-t", str(lab.pid), "-m", "--"] if lab.layout == cl.UNIFIED else []
     argv = [
+        *inside,
         CTL,
         "sweep",
         "--kubepods",
@@ -56,7 +67,7 @@ def sweep(lab: cl.Containerd, ns: str, runc: str, tmp: str, *args: str) -> dict[
         "--format",
         "json",
         "--runtime-root",
-        lab.inside(cl.RUNC_ROOT),
+        runc_root(lab),
         "--bundle-root",
         os.path.join(lab.state_dir, "io.containerd.runtime.v2.task"),
         "--state-root",
@@ -74,11 +85,13 @@ def test_dead_shim_runc_134_state_is_redriven(ctd: cl.Containerd, tmp_path: obje
     with cl.namespace(ctd) as ns:
         # A 64-hex id like containerd's CRI makes, so the sweep's walk of /<ns> sees the container.
         task = cl.Task(ctd, ns, uuid.uuid4().hex + uuid.uuid4().hex, runc)
+        shares = ["--cpu-shares", "0"] if ctd.layout == cl.UNIFIED else []  # v2 here has no cpu controller
         ctd.ctr(
             ns,
             "run",
             "-d",
             "--null-io",
+            *shares,
             "--rootfs",
             "--runc-binary",
             runc,
@@ -122,7 +135,7 @@ def test_dead_shim_runc_134_state_is_redriven(ctd: cl.Containerd, tmp_path: obje
         (rerun,) = report["redriven"]  # type: ignore[misc]
         assert rerun["argv"][1:] == [
             "--root",
-            os.path.join(ctd.inside(cl.RUNC_ROOT), ns),
+            os.path.join(runc_root(ctd), ns),
             "delete",
             "--force",
             task.id,
@@ -130,7 +143,7 @@ def test_dead_shim_runc_134_state_is_redriven(ctd: cl.Containerd, tmp_path: obje
         assert (rerun["exit_code"], rerun["state_left"]) == (0, False)
         assert task.cgroup_dirs() == [] and not os.path.exists(state_dir)
         print(
-            f"\ncontainerd 1.6 + runc 1.3.4 dead shim: left {dirs_before} dirs + runc state; "
+            f"\ncontainerd 1.6 + runc 1.3.4 dead shim ({ctd.layout}): left {dirs_before} dirs + runc state; "
             f"stock sweep kept them; runc-guardctl sweep: 0 dirs, 0 state (runc delete {rerun['seconds']}s, "
             f"sweep {report['duration']}s)"
         )
