@@ -148,14 +148,18 @@ def decide(facts: UnitFacts, now: float, min_age: float) -> Verdict:
     """Remove only a unit that is empty everywhere, unknown to runc and containerd, and old.
 
     Runtime state whose container is gone (:func:`orphaned`) does not keep the
-    unit: it is re-driven (``orphan_state``), even when its cgroups are gone already.
+    unit: it is re-driven (``orphan_state``), even when its cgroups are gone
+    already, and even while processes are left in them: the runtime's own
+    ``delete --force`` kills what it would have killed had containerd re-run it
+    (every process of a host-PID container); runc-guard kills nothing here and
+    removes only what is empty afterwards.
     """
     if facts.unsafe is not None:
         return Verdict("keep", "unsafe_path")
     stale_state = facts.has_state and orphaned(facts, now, min_age)
     if not facts.present and not stale_state:
         return Verdict("forget", "gone")
-    if facts.populated:
+    if facts.populated and not stale_state:
         return Verdict("keep", "populated")
     if facts.has_state and not stale_state:
         return Verdict("keep", "runtime_state")

@@ -261,7 +261,7 @@ def test_judge_orphan_only_when_every_condition_holds(
 
 
 def test_decide_redrives_orphaned_state_even_without_cgroups() -> None:
-    """Orphaned state is re-driven (also when its dirs are gone); live or unknown state keeps the unit."""
+    """Orphaned state is re-driven (dirs gone or populated alike); live or unknown state keeps the unit."""
     orphan = facts_with()
     alive = facts_with(init_alive=True)
     assert decide(UnitFacts(("a",), (), True, False, NOW - 61, states=(orphan,)), NOW, 60).reason == (
@@ -272,7 +272,11 @@ def test_decide_redrives_orphaned_state_even_without_cgroups() -> None:
         "runtime_state"
     )
     assert decide(UnitFacts(("a",), (), True, False, NOW - 61), NOW, 60).reason == "runtime_state"
+    # Processes left behind do not stop the runtime's own delete (it kills them, as it would have).
     assert decide(UnitFacts(("a",), ("a",), True, False, NOW - 61, states=(orphan,)), NOW, 60).reason == (
+        "orphan_state"
+    )
+    assert decide(UnitFacts(("a",), ("a",), True, False, NOW - 61, states=(alive,)), NOW, 60).reason == (
         "populated"
     )
     assert decide(UnitFacts(("a",), (), True, True, NOW - 61, states=(orphan,)), NOW, 60).reason == "bundle"
@@ -472,3 +476,28 @@ def test_text_reports_name_the_orphan_and_the_rerun(capsys: pytest.CaptureFixtur
     report.orphaned_states = [{"state_dir": f"/run/runc/{cid(1)}", "init_pid": 4001, "age_seconds": 90.0}]
     print_audit(report, quiet=False)
     assert f"orphaned runtime state: /run/runc/{cid(1)} (init 4001 dead, 90s old)" in capsys.readouterr().out
+
+
+def test_processes_left_in_an_orphan_are_the_runtimes_to_kill(tmp_path: Path, proc: str, fs: AgedFs) -> None:
+    """A populated orphan is re-driven; what the runtime kills goes, what it leaves stays (kept busy)."""
+    killed, spared = add_unit(fs, 1), add_unit(fs, 2)
+    for unit, pid in ((killed, 901), (spared, 902)):
+        fs.dirs[unit.dirs[0]] = [pid]
+        fs.alive.add(pid)
+        write_state(tmp_path / "runc" / "k8s.io", unit.container_id, DEAD_PID)
+    orphans = orphans_for(tmp_path, proc)
+    removing = orphans.run
+
+    def runtime_kills_host_pid_children(state: StateDir, path: str, timeout: float) -> Redrive:
+        if state.container_id == cid(1):
+            fs.exit(901)  # runc's destroy SIGKILLs every process of a host-PID container
+        return removing(state, path, timeout)
+
+    orphans.run = runtime_kills_host_pid_children
+    report = sweeper(fs, runtime_with(tmp_path, orphans), Recorder(), min_age=60).run(
+        discovery_with(tmp_path, fs, orphans, killed, spared)
+    )
+    assert fs.killed == []  # runc-guard itself signalled nothing
+    assert all(d not in fs.dirs for d in killed.dirs)
+    assert spared.dirs[0] in fs.dirs and 902 in fs.alive
+    assert len(report.redriven) == 2 and report.removed == 1 and report.kept == {"busy": 1}

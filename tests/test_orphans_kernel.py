@@ -83,21 +83,15 @@ class Orphan:
             remove_tree(os.path.join(mount, self.parent))
 
 
-@contextlib.contextmanager
-def path_b_orphan(
-    tmp_path: Path, root: str
-) -> Iterator[tuple[Orphan, FreezerHold, subprocess.CompletedProcess[str]]]:
-    """Start a host-PID runc 1.3.4 container, hold 2 children frozen, kill init, run runc's delete."""
+def start_container(tmp_path: Path, root: str) -> tuple[Orphan, int]:
+    """A detached host-PID runc 1.3.4 container (init + 3 sleepers) below a unique kubepods-like parent."""
     runc = runtimes.require(runtimes.RUNC_134)
-    if not os.path.isdir(FREEZER):
-        pytest.skip("needs the cgroup v1 freezer for the slow-death hold")
     cid = uuid.uuid4().hex + uuid.uuid4().hex  # a 64-hex id, as containerd makes them
     parent = f"rgorphan-{uuid.uuid4().hex[:12]}"
     relative = f"/{parent}/kubepods/burstable/pod3f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b/{cid}"
     orphan = Orphan(runc, root, cid, parent, relative)
-    hold = FreezerHold.create()
+    bundle = make_bundle(str(tmp_path / "bundle"), relative, sleepers_script(3))
     try:
-        bundle = make_bundle(str(tmp_path / "bundle"), relative, sleepers_script(3))
         with open(tmp_path / "run.stderr", "wb") as err:
             subprocess.run(
                 [runc, "--root", root, "run", "-d", cid],
@@ -111,12 +105,28 @@ def path_b_orphan(
         assert wait_for(lambda: len(procs(orphan.any_cgroup())) >= 4, 10)
         with open(os.path.join(orphan.state_dir(), "state.json")) as f:
             init = int(json.load(f)["init_process_pid"])
+    except BaseException:
+        orphan.destroy()
+        raise
+    return orphan, init
+
+
+@contextlib.contextmanager
+def path_b_orphan(
+    tmp_path: Path, root: str
+) -> Iterator[tuple[Orphan, FreezerHold, subprocess.CompletedProcess[str]]]:
+    """Start a host-PID runc 1.3.4 container, hold 2 children frozen, kill init, run runc's delete."""
+    if not os.path.isdir(FREEZER):
+        pytest.skip("needs the cgroup v1 freezer for the slow-death hold")
+    orphan, init = start_container(tmp_path, root)
+    hold = FreezerHold.create()
+    try:
         hold.hold([p for p in procs(orphan.any_cgroup()) if p != init][:2])
         os.kill(init, signal.SIGKILL)  # the dead shim's init: runc now sees "stopped"
         assert wait_for(lambda: init not in procs(orphan.any_cgroup()), 5)
         started = time.monotonic()
         delete = subprocess.run(
-            [runc, "--root", root, "delete", "--force", cid],
+            [orphan.runc, "--root", root, "delete", "--force", orphan.container_id],
             capture_output=True,
             text=True,
             check=False,
@@ -202,3 +212,46 @@ def test_sweep_redrives_orphaned_runc_134_state(tmp_path: Path, layout: str) -> 
             f"{stock_left} dirs + state; runc-guardctl sweep: 0 dirs, 0 state, "
             f"runc delete {rerun['seconds']:.3f}s, sweep {report['duration']:.3f}s, wall {took:.2f}s"
         )
+
+
+def test_sweep_redrives_state_whose_host_pid_children_live_on(tmp_path: Path) -> None:
+    """CRI's dead-shim path never deletes a pod's containers: init dead, host-PID children alive.
+
+    The stock sweep keeps it (populated); ours re-runs runc 1.3.4's delete, which
+    kills the children as runc kills a host-PID container's processes: 0 dirs,
+    0 state, no process left. runc-guard itself signals nothing.
+    """
+    root = str(tmp_path / "runc" / "k8s.io")
+    orphan, init = start_container(tmp_path, root)
+    try:
+        children = [p for p in procs(orphan.any_cgroup()) if p != init]
+        os.kill(init, signal.SIGKILL)
+        assert wait_for(lambda: init not in procs(orphan.any_cgroup()), 5)
+        dirs_before = len(orphan.dirs())
+        stock = ctl(tmp_path, orphan, "sweep", "--no-orphans")
+        assert json.loads(stock.stdout)["kept"] == {"populated": 1}
+        ours = ctl(tmp_path, orphan, "sweep")
+        report = json.loads(ours.stdout)
+        assert report["errors"] == [], report["errors"]
+        (rerun,) = report["redriven"]
+        assert (rerun["exit_code"], rerun["state_left"]) == (0, False)
+        assert report["removed"] == 1
+        assert orphan.dirs() == [] and not os.path.exists(orphan.state_dir())
+        assert wait_for(
+            lambda: not any(os.path.exists(f"/proc/{p}/stat") and not zombie(p) for p in children), 5
+        )
+        print(
+            f"\nCRI-like orphan: {dirs_before} dirs + state + {len(children)} live children; "
+            f"stock sweep kept them (populated); runc-guardctl sweep: 0 dirs, 0 state, 0 processes "
+            f"(runc delete {rerun['seconds']:.3f}s)"
+        )
+    finally:
+        orphan.destroy()
+
+
+def zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
