@@ -365,6 +365,97 @@ def test_installer_leaves_containerd_alone_when_the_host_cannot_run_it(
     assert not os.path.exists(fake_host["restarts"])
 
 
+def _payload_note(fake: dict[str, str], note: str, runs: bool = True) -> None:
+    """A payload whose version shows: a note beside the shim, and a second entry (python/)."""
+    prefix = os.path.join(fake["payload"], "opt/runc-guard")
+    os.makedirs(os.path.join(prefix, "python/bin"), exist_ok=True)
+    with open(os.path.join(prefix, "python/bin/NOTE"), "w") as f:
+        f.write(note)
+    with open(os.path.join(prefix, "bin/NOTE"), "w") as f:
+        f.write(note)
+    if not runs:
+        with open(os.path.join(prefix, "bin/runc-guard"), "w") as f:
+            f.write("#!/nonexistent/python3\n")
+
+
+def _live_version(host: str) -> str:
+    return os.readlink(os.path.join(host, "opt/runc-guard/current"))
+
+
+def test_installer_upgrade_is_one_atomic_symlink_swap(fake_host: dict[str, str]) -> None:
+    """install.sh twice (an upgrade): each version in its own directory, switched by one rename of
+    ``current``; while the upgrade runs, every look-up of the entry points finds one complete
+    version, old or new (never none, never going back); the same payload again changes nothing;
+    a payload the host cannot run rolls back to the previous version; uninstall removes it all."""
+    host = fake_host["host"]
+    prefix = os.path.join(host, "opt/runc-guard")
+    with open(os.path.join(host, "etc/containerd/config.toml"), "w") as f:
+        f.write("version = 2\n")
+    env = _env(fake_host)
+    installer = os.path.join(PACKAGING, "installer", "install.sh")
+    _payload_note(fake_host, "one")
+    run([installer], env=env)
+    first = _live_version(host)
+    assert first.startswith("versions/")
+    assert os.readlink(os.path.join(prefix, "bin")) == "current/bin"
+    assert os.readlink(os.path.join(prefix, "python")) == "current/python"
+    assert os.access(os.path.join(prefix, "bin/runc-guard"), os.X_OK)
+
+    # The upgrade, watched: bin/NOTE and python/NOTE always read one whole version.
+    _payload_note(fake_host, "two")
+    seen: list[str] = []
+    proc = subprocess.Popen([installer], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    while proc.poll() is None:
+        live = os.path.join(host, "opt/runc-guard", os.readlink(os.path.join(prefix, "current")))
+        with open(os.path.join(live, "bin/NOTE")) as a, open(os.path.join(live, "python/bin/NOTE")) as b:
+            notes = {a.read(), b.read()}
+        assert len(notes) == 1, f"a mix of versions: {notes}"
+        assert os.path.exists(os.path.join(prefix, "bin/runc-guard"))
+        seen.append(notes.pop())
+    assert proc.wait() == 0, proc.stderr.read() if proc.stderr else ""
+    if proc.stderr:
+        proc.stderr.close()
+    second = _live_version(host)
+    assert second != first
+    assert seen and seen == sorted(seen), "went back to the old version mid-upgrade"
+    with open(os.path.join(prefix, "bin/NOTE")) as f:
+        assert f.read() == "two"
+    assert sorted(os.listdir(os.path.join(prefix, "versions"))) == sorted(
+        [os.path.basename(first), os.path.basename(second)]
+    ), "the previous version is kept (running shims, rollback)"
+
+    # The same payload again: no new version, no swap.
+    run([installer], env=env)
+    assert _live_version(host) == second
+
+    # A version the host cannot run: back to the one before, containerd untouched.
+    _payload_note(fake_host, "three", runs=False)
+    bad = subprocess.run([installer], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode != 0 and "containerd left unchanged" in bad.stderr
+    assert _live_version(host) == second
+    with open(os.path.join(prefix, "bin/NOTE")) as f:
+        assert f.read() == "two"
+
+    run([os.path.join(PACKAGING, "installer", "uninstall.sh")], env=_env(fake_host, REMOVE_FILES="true"))
+    assert not os.path.lexists(prefix)
+
+
+def test_installer_migrates_a_file_by_file_install(fake_host: dict[str, str]) -> None:
+    """An older install (bin/ a real directory) becomes the versioned layout: bin/ is exchanged
+    for the link in one renameat2, so bin/runc-guard never goes missing."""
+    host = fake_host["host"]
+    prefix = os.path.join(host, "opt/runc-guard")
+    with open(os.path.join(host, "etc/containerd/config.toml"), "w") as f:
+        f.write("version = 2\n")
+    os.makedirs(os.path.join(prefix, "bin"))
+    shim = os.path.join(fake_host["payload"], "opt/runc-guard/bin/runc-guard")
+    shutil.copy2(shim, os.path.join(prefix, "bin"))
+    run([os.path.join(PACKAGING, "installer", "install.sh")], env=_env(fake_host))
+    assert os.path.islink(os.path.join(prefix, "bin"))
+    assert os.access(os.path.join(prefix, "bin/runc-guard"), os.X_OK)
+    assert sorted(os.listdir(prefix)) == ["bin", "current", "versions"]
+
+
 # -- the installed .deb (root: installs into the system) ------------------------------------
 
 def _installed(package: str) -> bool:
