@@ -24,6 +24,7 @@ import pytest
 
 from integration.lab import (
     RUNC,
+    RuncContainer,
     cgroup_mount_points,
     crafted_container,
     make_bundle,
@@ -465,6 +466,56 @@ def test_walk_never_crosses_a_mount_point(shim_binary: str, workdir: str) -> Non
     SUMMARY.append(
         f"case 7 tmpfs mounted inside the container's cgroup: runc-guard exit {proc.returncode}, "
         "the mount's contents untouched, record kept"
+    )
+
+
+@pytest.mark.kernel
+def test_mount_inside_cgroup_against_stock_runc(shim_binary: str, workdir: str) -> None:
+    """Case 7, stock control: runc 1.1.5's own RemovePath reads the directory and recurses into the
+    tmpfs mounted on a child of the container's memory cgroup, removing an empty directory there,
+    and exits 0 leaving 2 cgroup dirs. Through runc-guard the same runc does the same (runc-guard
+    adds no harm of its own: the walk above shows it never enters the mount), then runc-guard says
+    the cgroup is still in use: exit 75, record kept, instead of a silent leak."""
+    results = {}
+    for who in ("stock", "runc-guard"):
+        ctr = RuncContainer.start(workdir, children=1)
+        mnt = os.path.join(ctr.any_cgroup(), "mnt")
+        mounted = False
+        try:
+            os.mkdir(mnt)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "rgsafe", mnt], check=True)
+            mounted = True
+            os.mkdir(os.path.join(mnt, "victim"))
+            init = ctr.init_pid()
+            os.kill(init, signal.SIGKILL)
+            assert wait_for(lambda c=ctr, i=init: i not in c.pids(), 5)  # type: ignore[misc]
+            binary = RUNC if who == "stock" else shim_binary
+            env = guard_env(workdir, RUNC_GUARD_RUNTIME=RUNC, RUNC_GUARD_DELETE_TIMEOUT="1")
+            proc = subprocess.run(
+                [binary, "--root", ctr.root, "delete", "--force", ctr.id],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=False,
+                timeout=30,
+            )
+            assert "Traceback" not in proc.stderr
+            results[who] = (
+                proc.returncode,
+                os.path.isdir(os.path.join(mnt, "victim")),
+                len(ctr.cgroup_dirs()),
+            )
+        finally:
+            if mounted:
+                subprocess.run(["umount", mnt], check=True)
+            ctr.destroy()
+    assert results["stock"] == (0, False, 2), results  # runc crossed the mount, and leaked silently
+    assert results["runc-guard"] == (75, False, 2), results  # runc's harm, not more; reported
+    assert len(os.listdir(os.path.join(workdir, "pending"))) == 1
+    SUMMARY.append(
+        "case 7 tmpfs mounted inside a real container's memory cgroup: stock runc exit 0, removed the "
+        "dir inside the mount, 2 cgroup dirs left silently | runc-guard (same runc) exit 75, "
+        "same removal by runc, 2 dirs left, record kept"
     )
 
 
