@@ -14,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -454,6 +455,64 @@ def test_installer_migrates_a_file_by_file_install(fake_host: dict[str, str]) ->
     assert os.path.islink(os.path.join(prefix, "bin"))
     assert os.access(os.path.join(prefix, "bin/runc-guard"), os.X_OK)
     assert sorted(os.listdir(prefix)) == ["bin", "current", "versions"]
+
+
+@pytest.mark.skipif(not os.access("/usr/bin/strace", os.X_OK), reason="needs strace")
+@pytest.mark.xfail(
+    strict=True,
+    reason="lead: packaging/single-file/build_pyz.py PRELUDE puts sys.argv[1] (the path as exec'd, "
+    "/opt/runc-guard/bin/runc-guard) on sys.path; zipimport re-opens that path for every later "
+    "import, so a delete whose lazy imports (runc_guard.delete ...) come after an upgrade's swap reads "
+    "the new archive with the old one's cached central directory: ZipImportError 'bad local file "
+    "header', a traceback, exit 1. Put os.path.realpath(sys.argv[1]) on sys.path instead (with "
+    "install.sh's versions/<v>/ kept until the next upgrade, that file never changes under a shim)",
+)
+def test_pyz_shim_mid_upgrade_keeps_its_own_version(
+    pyz: str, fake_host: dict[str, str], tmp_path: Any
+) -> None:
+    """A single-file shim paused between its first import and the delete path's imports while
+    install.sh switches versions finishes on the version it started with: no traceback, exit 0."""
+    host = fake_host["host"]
+    with open(os.path.join(host, "etc/containerd/config.toml"), "w") as f:
+        f.write("version = 2\n")
+    payload_shim = os.path.join(fake_host["payload"], "opt/runc-guard/bin/runc-guard")
+    shutil.copy2(pyz, payload_shim)
+    env = _env(fake_host)
+    installer = os.path.join(PACKAGING, "installer", "install.sh")
+    run([installer], env=env)
+    # Version two: the same code, archive offsets shifted (a longer spelling of the interpreter).
+    deps = os.path.join(os.path.dirname(pyz), "deps")
+    longer = os.path.join(os.path.dirname(sys.executable), "..", "bin", os.path.basename(sys.executable))
+    build = os.path.join(PACKAGING, "single-file", "build_pyz.py")
+    run([sys.executable, build, REPO, deps, payload_shim, longer])
+    root = str(tmp_path / "state")
+    os.makedirs(os.path.join(root, "c1"))
+    state = os.path.join(root, "c1", "state.json")
+    with open(state, "w") as f:
+        f.write('{"id": "c1", "init_process_pid": 4194311, "init_process_start": 1, "cgroup_paths": {}}')
+    shim_env = {
+        "PATH": os.environ["PATH"], "RUNC_GUARD_RUNTIME": "/bin/true", "RUNC_GUARD_DELETE_TIMEOUT": "30",
+        **{f"RUNC_GUARD_{k}": str(tmp_path / k.lower()) for k in
+           ("CONFIG", "CACHE_DIR", "PENDING_DIR", "LOG_FILE", "STATS_FILE", "JOURNAL_SOCKET")},
+    }
+    # strace stalls the shim's stat of state.json (just before it imports the delete path) 1.5 s
+    shim = subprocess.Popen(
+        ["/usr/bin/strace", "-o", "/dev/null", "-P", state, "-e", "inject=all:delay_enter=1500000:when=1",
+         os.path.join(host, "opt/runc-guard/bin/runc-guard"), "--root", root, "delete", "--force", "c1"],
+        env=shim_env, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        time.sleep(0.5)
+        before = os.readlink(os.path.join(host, "opt/runc-guard/current"))
+        run([installer], env=env)
+        assert os.readlink(os.path.join(host, "opt/runc-guard/current")) != before
+        _out, err = shim.communicate(timeout=60)
+    finally:
+        if shim.poll() is None:
+            shim.kill()
+            shim.wait()
+    assert "Traceback" not in err, err
+    assert shim.returncode == 0, err
 
 
 # -- the installed .deb (root: installs into the system) ------------------------------------
