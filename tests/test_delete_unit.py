@@ -198,11 +198,19 @@ class OrderedFs(FakeCgroupFs):
         super().wait_for_change(paths, timeout, event_timeout)
 
 
+def _test_handler(_signum: int, _frame: object) -> None:
+    """Stands in for the process's own handlers while a test runs."""
+
+
 @pytest.fixture(autouse=True)
 def _restore_signals() -> Iterator[None]:
     """DeleteRun installs handlers for SIGTERM/SIGINT/SIGHUP (and leaves "note only" ones
     after reporting, as the shim exits right after): give pytest its own back."""
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    # The tests send themselves SIGTERM: whatever handler the delete leaves or restores, it must
+    # never be the default one, which would end pytest.
+    for sig in saved:
+        signal.signal(sig, _test_handler)
     yield
     for sig, handler in saved.items():
         signal.signal(sig, handler)
@@ -626,3 +634,112 @@ def test_record_vanishing_between_listdir_and_read_is_skipped(
     assert [(os.path.basename(p), type(r).__name__) for p, r in found] == [
         (os.path.basename(record_path(pending_dir, "/run/runc", "b")), "PendingRecord")
     ]
+
+
+# -- who may be killed, claims, reporting (issue 11 rules) -----------------------------------
+
+
+@pytest.mark.parametrize(("pidns", "killed"), [("host", [4242]), ("joined", [4242]), ("private", [])])
+def test_stragglers_killed_only_where_the_runtime_would(lab: Lab, pidns: str, killed: list[int]) -> None:
+    """runc's destroy SIGKILLs a cgroup's processes only without a private PID namespace; so does
+    runc-guard. In a private one a dying process is waited for, never signalled."""
+    dirs = lab.container("c1", pidns=pidns, pids=(4242,))
+    lab.fs.dies_on_kill = False
+    lab.fs.dying.add(4242)  # as after the kernel's zap of the namespace
+    lab.fs.on_wait = lambda fs: fs.exit(4242)
+    assert lab.run("c1", lab.runtime(0)) == 0
+    assert lab.fs.killed == killed
+    assert not any(lab.fs.exists(d) for d in dirs)
+
+
+def test_kill_stragglers_false_is_respected(lab: Lab) -> None:
+    """kill_stragglers=false: even a host-PID straggler is only waited for."""
+    settings = Settings(**{**lab.settings.as_dict(), "kill_stragglers": False})
+    lab.container("c1", pids=(4242,))
+    lab.fs.on_wait = lambda fs: fs.exit(4242)
+    assert lab.run("c1", lab.runtime(0), settings) == 0
+    assert lab.fs.killed == []
+
+
+def test_second_delete_of_a_claimed_id_keeps_the_record(lab: Lab) -> None:
+    """While another delete holds (root, id), a second one neither runs the runtime nor touches the
+    record: exit 75 at its deadline, saying why."""
+    from runc_guard.pending import claim
+
+    settings = Settings(**{**lab.settings.as_dict(), "delete_timeout": 0.0})
+    dirs = lab.container("c1", pids=(4242,))
+    record = write_record(
+        lab.settings.pending_dir,
+        PendingRecord("c1", lab.root, dirs, DEAD_PID, DEAD_START, "runc", time.time()),
+    )
+    with claim(lab.settings.pending_dir, lab.root, "c1", lab.clock() + 10, lab.clock) as held:
+        assert held == "claimed"
+        assert lab.run("c1", lab.runtime(0), settings) == 75
+    assert os.path.exists(record) and lab.runs() == [] and lab.fs.killed == []
+    entry = lab.entry()
+    assert entry["outcome"] == "deadline" and "another delete of c1" in entry["reason"]
+
+
+def test_a_signal_while_reporting_changes_nothing(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM arriving while the verdict is being reported (journal, stats) neither changes the exit
+    status nor turns into an internal error."""
+    real = delete_mod.append_stats
+
+    def interrupted(*args: Any) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        real(*args)
+
+    monkeypatch.setattr(delete_mod, "append_stats", interrupted)
+    dirs = lab.container("c1")
+    assert lab.run("c1", lab.runtime(0)) == 0
+    assert not any(lab.fs.exists(d) for d in dirs)
+    assert lab.entry()["outcome"] == "removed" and [s["outcome"] for s in lab.stats()] == ["removed"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="lead: runc_guard/delete.py DeleteRun.finish installs _note_only for SIGTERM/SIGINT/SIGHUP "
+    "and run()'s finally restores the previous handlers only if the current one is still "
+    "_raise_interrupted, so after any run() the process ignores all three (harmless for the shim, "
+    "which exits; see the sibling test for where it matters). Restore `previous` unconditionally "
+    "in run()'s finally, after finish",
+)
+def test_signal_handlers_are_given_back_after_the_delete(lab: Lab) -> None:
+    """DeleteRun.run leaves the process's SIGTERM/SIGINT/SIGHUP handlers as it found them."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    lab.container("c1")
+    assert lab.run("c1", lab.runtime(0)) == 0
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="lead: runc_guard/delete.py DeleteRun.run_sibling calls finish(), which installs _note_only "
+    "handlers process-wide while the sandbox's delete is still running; a SIGTERM during the second "
+    "sibling's wait is then swallowed: the delete runs on to that sibling's deadline and returns the "
+    "sandbox's 0 instead of 143. finish() must not touch handlers for a sibling (e.g. a "
+    "`final: bool` argument, False from run_sibling)",
+)
+def test_sigterm_while_a_later_sibling_waits_ends_the_delete(lab: Lab) -> None:
+    """A SIGTERM that arrives while the second of a sandbox's dead siblings is being waited for
+    interrupts the delete (exit 143), as it would during the sandbox's own wait."""
+    settings = Settings(**{**lab.settings.as_dict(), "kill_stragglers": False, "delete_timeout": 5.0})
+    pod = {CONTAINER_TYPE_LABEL: "sandbox", SANDBOX_ID_LABEL: "sb"}
+    lab.container("sb", labels=pod)
+    lab.container("app1", labels={CONTAINER_TYPE_LABEL: "container", SANDBOX_ID_LABEL: "sb"})
+    busy = lab.container(
+        "app2", labels={CONTAINER_TYPE_LABEL: "container", SANDBOX_ID_LABEL: "sb"}, pids=(4242,)
+    )
+    sent: list[int] = []
+
+    def term_once(fs: FakeCgroupFs) -> None:
+        if not sent and any(busy[0] in waited for waited, _t, _e in fs.waits):
+            sent.append(signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    lab.fs.on_wait = term_once
+    status = lab.run("sb", lab.runtime(0), settings)
+    assert sent, "the second sibling never waited"
+    assert status == 128 + signal.SIGTERM
+    waited_after = lab.clock() - 1000.0
+    assert waited_after < 1.0, f"kept waiting {waited_after:.1f} s after SIGTERM"
