@@ -457,6 +457,27 @@ def test_installer_migrates_a_file_by_file_install(fake_host: dict[str, str]) ->
     assert sorted(os.listdir(prefix)) == ["bin", "current", "versions"]
 
 
+def _stalled_in_a_syscall(strace_pid: int, timeout: float = 20.0) -> bool:
+    """True once strace's tracee sits in one syscall entry for 150 ms (the injected delay)."""
+    end = time.monotonic() + timeout
+    tracee, last, since = 0, "", time.monotonic()
+    while time.monotonic() < end:
+        try:
+            if not tracee:
+                with open(f"/proc/{strace_pid}/task/{strace_pid}/children") as f:
+                    tracee = int(f.read().split()[0])
+            with open(f"/proc/{tracee}/syscall") as f:
+                now = f.read().strip()
+        except (OSError, IndexError, ValueError):
+            tracee, now = 0, ""
+        if now != last or now in ("running", "") or now.startswith("-1"):
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= 0.15:
+            return True
+        time.sleep(0.01)
+    return False
+
+
 @pytest.mark.skipif(not os.access("/usr/bin/strace", os.X_OK), reason="needs strace")
 @pytest.mark.xfail(
     strict=True,
@@ -495,14 +516,15 @@ def test_pyz_shim_mid_upgrade_keeps_its_own_version(
         **{f"RUNC_GUARD_{k}": str(tmp_path / k.lower()) for k in
            ("CONFIG", "CACHE_DIR", "PENDING_DIR", "LOG_FILE", "STATS_FILE", "JOURNAL_SOCKET")},
     }
-    # strace stalls the shim's stat of state.json (just before it imports the delete path) 1.5 s
+    # strace stalls the shim's stat of state.json (just before it imports the delete path) 4 s,
+    # longer than an install takes on a loaded 2-core machine
     shim = subprocess.Popen(
-        ["/usr/bin/strace", "-o", "/dev/null", "-P", state, "-e", "inject=all:delay_enter=1500000:when=1",
+        ["/usr/bin/strace", "-o", "/dev/null", "-P", state, "-e", "inject=all:delay_enter=4000000:when=1",
          os.path.join(host, "opt/runc-guard/bin/runc-guard"), "--root", root, "delete", "--force", "c1"],
         env=shim_env, stderr=subprocess.PIPE, text=True,
     )
     try:
-        time.sleep(0.5)
+        assert _stalled_in_a_syscall(shim.pid), "the shim never reached the stalled stat"
         before = os.readlink(os.path.join(host, "opt/runc-guard/current"))
         run([installer], env=env)
         assert os.readlink(os.path.join(host, "opt/runc-guard/current")) != before

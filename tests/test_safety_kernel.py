@@ -614,8 +614,27 @@ def _tracee(parent: int, timeout: float = 10.0) -> int:
     return found[0]
 
 
+def _held_in_a_syscall(pid: int, timeout: float = 20.0) -> bool:
+    """True once ``pid`` sits in one syscall entry for 150 ms: strace's injected delay, not the
+    brief stops strace makes at every syscall. (``/proc/<pid>/syscall``: number and arguments.)"""
+    end = time.monotonic() + timeout
+    last, since = "", time.monotonic()
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/syscall") as f:
+                now = f.read().strip()
+        except OSError:
+            return False
+        if now != last or now in ("running", "") or now.startswith("-1"):
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= 0.15:
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def sigint_while_importing(shim: str, module: str, tmp: str) -> subprocess.CompletedProcess[str]:
-    """Run a delete whose import of ``module`` stalls 0.6 s (strace delays its stat), SIGINT it then.
+    """Run a delete whose import of ``module`` stalls 2 s (strace delays its first stat), SIGINT it then.
 
     Deterministic where a timed SIGINT is not: the window between the interpreter's start and
     runc-guard's handlers is ~30 ms on this machine and moves with load.
@@ -638,13 +657,13 @@ def sigint_while_importing(shim: str, module: str, tmp: str) -> subprocess.Compl
         "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp, "no-journald"),
     }
     argv = [
-        STRACE, "-o", "/dev/null", "-P", _installed(module), "-e", "inject=all:delay_enter=600000",
+        STRACE, "-o", "/dev/null", "-P", _installed(module), "-e", "inject=all:delay_enter=2000000:when=1",
         shim, "--root", root, "delete", "--force", "c1",
     ]  # fmt: skip
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
     try:
         tracee = _tracee(proc.pid)
-        time.sleep(0.3)  # inside the first delayed stat of ``module``
+        assert _held_in_a_syscall(tracee), "the import of the module never stalled"
         os.kill(tracee, signal.SIGINT)
         _out, err = proc.communicate(timeout=30)
     finally:
