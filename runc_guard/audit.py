@@ -174,9 +174,17 @@ def audit(
     return report
 
 
-def judge(report: AuditReport, max_leaked: int, pending_max_age: float) -> int:
-    """Set ``status``/``message`` (one short line for NPD) and return the NPD exit code."""
+def judge(
+    report: AuditReport, max_leaked: int, pending_max_age: float, config_error: str | None = None
+) -> int:
+    """Set ``status``/``message`` (one short line for NPD) and return the NPD exit code.
+
+    An invalid settings file is a problem too (it names the key): fleet-wide, and
+    the delete path only reports it once per version of the file.
+    """
     problems: list[str] = []
+    if config_error:
+        problems.append(f"invalid settings: {config_error}")
     if report.leaked_containers > max_leaked:
         top = report.leaked_pods[0]
         problems.append(

@@ -178,14 +178,16 @@ def test_cli_unknown_when_it_cannot_run(tmp_path: Path) -> None:
     assert result.output.startswith("UNKNOWN: no cgroup filesystem is mounted")
 
 
-def test_cli_bad_settings_are_unknown(tmp_path: Path) -> None:
-    """A broken settings file is 'unknown' to NPD, not a leak."""
+def test_cli_bad_settings_are_a_problem(tmp_path: Path) -> None:
+    """A broken settings file is an NPD problem naming the key (issue 11), and the audit still runs."""
     config = tmp_path / "config.toml"
     config.write_text("no_such_key = 1\n")
     env = {"RUNC_GUARD_CONFIG": str(config), "RUNC_GUARD_CACHE_DIR": str(tmp_path / "cache")}
-    result = CliRunner().invoke(cli, ["audit"], env=env)
-    assert result.exit_code == 2
-    assert "unknown setting" in result.output
+    args = ["audit", "--kubepods", "rgsweep-absent-tree", "--runtime-root", str(tmp_path),
+            "--bundle-root", str(tmp_path), "--state-root", str(tmp_path)]
+    result = CliRunner().invoke(cli, args, env=env)
+    assert result.exit_code == 1, result.output
+    assert "invalid settings" in result.output and "no_such_key" in result.output
 
 
 def test_cli_ok_on_this_node_json(tmp_path: Path) -> None:

@@ -238,8 +238,8 @@ def test_cli_metrics_folds_and_prints(tmp_path: Path) -> None:
 
 
 def test_invalid_settings_still_write_metrics(tmp_path: Path) -> None:
-    """A broken settings file: metrics still come out with runc_guard_config_valid 0 (what alerts on it);
-    audit stays NPD-unknown (exit 2) but writes its metrics file too."""
+    """A broken settings file: metrics still come out with runc_guard_config_valid 0 (what alerts on it)
+    and the audit's gauges; audit reports it as an NPD problem and writes its metrics file too."""
     config = tmp_path / "config.toml"
     config.write_text("delete_timeout = 'soon'\n")
     env = {
@@ -251,12 +251,12 @@ def test_invalid_settings_still_write_metrics(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     samples = {s.name: s.value for f in text_string_to_metric_families(result.output) for s in f.samples}
     assert samples["runc_guard_config_valid"] == 0
-    assert "runc_guard_leaked_containers" not in samples  # the audit could not run
+    assert samples["runc_guard_leaked_containers"] == 0  # the audit ran with the valid keys
     assert samples["runc_guard_deletes_total"] == 0
     out = tmp_path / "prom" / "runc_guard.prom"
     args = ["audit", "--kubepods", "rgsweep-absent-tree", "--metrics-file", str(out)]
     result = CliRunner().invoke(cli, args, env=env)
-    assert result.exit_code == 2 and result.output.startswith("UNKNOWN: ")
+    assert result.exit_code == 1 and "invalid settings" in result.output
     assert "runc_guard_config_valid 0.0" in out.read_text()
     assert (tmp_path / "run" / "metrics-state.json").exists()  # the fallback honours RUNC_GUARD_STATS_FILE
 

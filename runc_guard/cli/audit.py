@@ -22,8 +22,8 @@ from runc_guard.audit import (
 )
 from runc_guard.cgroupfs import RealCgroupFs, cgroup_mounts
 from runc_guard.cli.sweep import runtime_dirs, scan, scan_options
-from runc_guard.config import Settings, load_settings, settings_from
-from runc_guard.errors import ConfigError, NoCgroupHierarchy, RuncGuardError
+from runc_guard.config import Settings, load_settings_leniently
+from runc_guard.errors import NoCgroupHierarchy, RuncGuardError
 
 if TYPE_CHECKING:
     from runc_guard.metrics import Family
@@ -62,6 +62,7 @@ def run_audit(
     min_age: float,
     max_leaked: int,
     pending_max_age: float,
+    config_error: str | None = None,
 ) -> tuple[AuditReport, int, float]:
     """Scan, classify and judge; returns the report, the NPD exit code and the time."""
     fs = RealCgroupFs()
@@ -70,16 +71,8 @@ def run_audit(
     discovery = scan(settings, cgroup_root, kubepods, fs, runtime, min_age)
     report = audit(discovery, fs, runtime, now, min_age)
     report.runtime = fronted_runtime(os.environ)
-    code = judge(report, max_leaked, pending_max_age)
+    code = judge(report, max_leaked, pending_max_age, config_error)
     return report, code, now
-
-
-def fallback_settings() -> Settings:
-    """Settings to find the stats file with when the settings file is invalid: environment, else defaults."""
-    try:
-        return settings_from({}, os.environ, "(environment)")
-    except ConfigError:
-        return Settings()
 
 
 def node_families(
@@ -199,19 +192,10 @@ def audit_cmd(
     (leaked cgroups, orphaned runtime state, stale or unusable pending records), 2 unknown (the audit
     could not run); the first output line is the message.
     """
-    try:
-        settings = load_settings()
-    except ConfigError as exc:
-        # Still write the metrics file: runc_guard_config_valid 0 is what alerts on this.
-        if metrics_file is not None:
-            try:
-                write_metrics(
-                    fallback_settings(), str(exc), None, time.time(), cgroup_root, kubepods, metrics_file
-                )
-            except OSError as write_exc:
-                click.echo(f"warning: cannot write metrics: {write_exc}", err=True)
-        click.echo(f"UNKNOWN: {exc}")
-        raise SystemExit(NPD_UNKNOWN) from None
+    # An invalid settings file is a problem to report, not a reason to stop auditing:
+    # valid keys apply, the rest keep their defaults (as in the delete path).
+    settings, config_problems = load_settings_leniently()
+    config_error = "; ".join(config_problems) or None
     try:
         report, code, now = run_audit(
             settings,
@@ -224,6 +208,7 @@ def audit_cmd(
             min_age,
             max_leaked,
             pending_max_age,
+            config_error,
         )
     except RuncGuardError as exc:
         click.echo(f"UNKNOWN: {exc}")
@@ -234,7 +219,7 @@ def audit_cmd(
         raise SystemExit(NPD_UNKNOWN) from None
     if metrics_file is not None:
         try:
-            write_metrics(settings, None, report, now, cgroup_root, kubepods, metrics_file)
+            write_metrics(settings, config_error, report, now, cgroup_root, kubepods, metrics_file)
         except OSError as exc:
             click.echo(f"warning: cannot write metrics: {exc}", err=True)
     if fmt == "json":

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import click
 
-from runc_guard.cli.audit import fallback_settings, judge_options, run_audit, write_metrics
+from runc_guard.cli.audit import judge_options, run_audit, write_metrics
 from runc_guard.cli.sweep import scan_options
-from runc_guard.config import load_settings
-from runc_guard.errors import ConfigError
+from runc_guard.config import load_settings_leniently
 
 
 @click.command(name="metrics", short_help="Write Prometheus metrics for node_exporter's textfile collector.")
@@ -47,24 +44,24 @@ def metrics_cmd(
     An invalid settings file still yields metrics (runc_guard_config_valid 0).
     """
     target = None if output == "-" else output
-    try:
-        settings = load_settings()
-    except ConfigError as exc:
-        text = write_metrics(fallback_settings(), str(exc), None, time.time(), cgroup_root, kubepods, target)
-    else:
-        report, _code, now = run_audit(
-            settings,
-            cgroup_root,
-            kubepods,
-            runtime_root,
-            bundle_root,
-            state_roots,
-            orphans,
-            min_age,
-            max_leaked,
-            pending_max_age,
-        )
-        text = write_metrics(settings, None, report, now, cgroup_root, kubepods, target)
+    # As the delete path does: valid keys apply, invalid ones keep their defaults and
+    # are reported (runc_guard_config_valid 0); the audit's gauges still come out.
+    settings, problems = load_settings_leniently()
+    config_error = "; ".join(problems) or None
+    report, _code, now = run_audit(
+        settings,
+        cgroup_root,
+        kubepods,
+        runtime_root,
+        bundle_root,
+        state_roots,
+        orphans,
+        min_age,
+        max_leaked,
+        pending_max_age,
+        config_error,
+    )
+    text = write_metrics(settings, config_error, report, now, cgroup_root, kubepods, target)
     if output == "-":
         click.echo(text, nl=False)
     else:
