@@ -228,9 +228,7 @@ class DeleteRun:
 
     def _without_state(self, reason: str) -> None:
         """No state: finish a pending record if one is left, else this is a plain passthrough."""
-        with claim(
-            self.settings.pending_dir, self.root, self.container_id, self.deadline, self.clock
-        ) as held:
+        with self._claim() as held:
             if held == BUSY:
                 raise Outcome("deadline", EXIT_CGROUP_BUSY, self._busy_reason(), True)
             record = find_record(self.settings.pending_dir, self.root, self.container_id)
@@ -279,9 +277,7 @@ class DeleteRun:
         self.canonical["cgroup_paths"] = ownership.paths
         if ownership.step_aside is not None:
             self._step_aside(ownership.step_aside, None)
-        with claim(
-            self.settings.pending_dir, self.root, self.container_id, self.deadline, self.clock
-        ) as held:
+        with self._claim() as held:
             if held == BUSY:
                 raise Outcome("deadline", EXIT_CGROUP_BUSY, self._busy_reason(), True)
             self.record = self._write_record(state, ownership.paths)
