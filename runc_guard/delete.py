@@ -29,7 +29,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from runc_guard import runclog
 from runc_guard.argv import Invocation
@@ -292,7 +292,7 @@ class DeleteRun:
     def _busy_reason(self) -> str:
         return f"another delete of {self.container_id} was still running at the deadline"
 
-    def _step_aside(self, why: str, status: int | None) -> None:
+    def _step_aside(self, why: str, status: int | None) -> NoReturn:
         """Let the runtime act exactly as it would alone; runc-guard kills and removes nothing."""
         self.log.warning("step_aside", reason=why)
         if self.record is not None:
@@ -415,29 +415,24 @@ class DeleteRun:
     def _wait_empty(
         self, paths: list[str], may_kill: bool, watch_foreign: bool, before_runtime: bool
     ) -> None:
-        try:
-            report = drain(
-                paths,
-                self.fs,
-                self.deadline,
-                self.settings.poll_interval,
-                may_kill=may_kill,
-                remove=False,
-                watch_foreign=watch_foreign,
-                clock=self.clock,
-            )
-        except CgroupBusy as exc:
-            self._account(exc.report)
-            raise Outcome("deadline", exc.exit_code, str(exc), True) from None
-        except ForeignProcess as exc:
-            self._account(exc.report)
-            self._step_aside(str(exc), None if before_runtime else 0)
+        """Wait (killing where allowed) until the cgroups are empty; remove nothing."""
+        report = self._drain(paths, may_kill, watch_foreign, False, None if before_runtime else 0)
         self.waited = self.waited or report.attempts > 1 or bool(report.killed)
-        self._account(report)
 
     def _remove(
         self, paths: list[str], may_kill: bool, watch_foreign: bool, runtime_status: int = 0
     ) -> CleanupReport:
+        """Wait for the cgroups and remove them leaf-first."""
+        return self._drain(paths, may_kill, watch_foreign, True, runtime_status)
+
+    def _drain(
+        self, paths: list[str], may_kill: bool, watch_foreign: bool, remove: bool, aside: int | None
+    ) -> CleanupReport:
+        """cleanup.drain within the deadline; its failures become this delete's Outcome.
+
+        A foreign process makes the delete step aside with status ``aside`` (None:
+        the runtime has not run yet, so it runs now, unchanged).
+        """
         try:
             report = drain(
                 paths,
@@ -445,6 +440,7 @@ class DeleteRun:
                 self.deadline,
                 self.settings.poll_interval,
                 may_kill=may_kill,
+                remove=remove,
                 watch_foreign=watch_foreign,
                 clock=self.clock,
             )
@@ -456,7 +452,7 @@ class DeleteRun:
             raise Outcome("rmdir_failed", exc.exit_code, str(exc), True) from None
         except ForeignProcess as exc:
             self._account(exc.report)
-            self._step_aside(str(exc), runtime_status)
+            self._step_aside(str(exc), aside)
         self._account(report)
         return report
 

@@ -75,6 +75,32 @@ def run_audit(
     return report, code, now
 
 
+def audit_leniently(
+    cgroup_root: str,
+    kubepods: tuple[str, ...],
+    runtime_root: str,
+    bundle_root: str,
+    state_roots: tuple[str, ...],
+    orphans: bool,
+    min_age: float,
+    max_leaked: int,
+    pending_max_age: float,
+) -> tuple[Settings, str | None, AuditReport, int, float]:
+    """:func:`run_audit` with the settings file read leniently, for audit and metrics.
+
+    An invalid settings file is a problem to report, not a reason to stop auditing:
+    valid keys apply, the rest keep their defaults (as in the delete path), and
+    the problem (naming the key) comes back as ``config_error``.
+    """
+    settings, problems = load_settings_leniently()
+    config_error = "; ".join(problems) or None
+    report, code, now = run_audit(
+        settings, cgroup_root, kubepods, runtime_root, bundle_root, state_roots,
+        orphans, min_age, max_leaked, pending_max_age, config_error,
+    )  # fmt: skip
+    return settings, config_error, report, code, now
+
+
 def node_families(
     config_error: str | None,
     report: AuditReport | None,
@@ -192,13 +218,8 @@ def audit_cmd(
     (leaked cgroups, orphaned runtime state, stale or unusable pending records), 2 unknown (the audit
     could not run); the first output line is the message.
     """
-    # An invalid settings file is a problem to report, not a reason to stop auditing:
-    # valid keys apply, the rest keep their defaults (as in the delete path).
-    settings, config_problems = load_settings_leniently()
-    config_error = "; ".join(config_problems) or None
     try:
-        report, code, now = run_audit(
-            settings,
+        settings, config_error, report, code, now = audit_leniently(
             cgroup_root,
             kubepods,
             runtime_root,
@@ -208,7 +229,6 @@ def audit_cmd(
             min_age,
             max_leaked,
             pending_max_age,
-            config_error,
         )
     except RuncGuardError as exc:
         click.echo(f"UNKNOWN: {exc}")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import click
 
-from runc_guard.cli.audit import judge_options, run_audit, write_metrics
+from runc_guard.cli.audit import audit_leniently, judge_options, write_metrics
 from runc_guard.cli.sweep import scan_options
-from runc_guard.config import load_settings_leniently
 
 
 @click.command(name="metrics", short_help="Write Prometheus metrics for node_exporter's textfile collector.")
@@ -46,21 +45,10 @@ def metrics_cmd(
     target = None if output == "-" else output
     # As the delete path does: valid keys apply, invalid ones keep their defaults and
     # are reported (runc_guard_config_valid 0); the audit's gauges still come out.
-    settings, problems = load_settings_leniently()
-    config_error = "; ".join(problems) or None
-    report, _code, now = run_audit(
-        settings,
-        cgroup_root,
-        kubepods,
-        runtime_root,
-        bundle_root,
-        state_roots,
-        orphans,
-        min_age,
-        max_leaked,
-        pending_max_age,
-        config_error,
-    )
+    settings, config_error, report, _code, now = audit_leniently(
+        cgroup_root, kubepods, runtime_root, bundle_root, state_roots,
+        orphans, min_age, max_leaked, pending_max_age,
+    )  # fmt: skip
     text = write_metrics(settings, config_error, report, now, cgroup_root, kubepods, target)
     if output == "-":
         click.echo(text, nl=False)
