@@ -487,6 +487,9 @@ class Cell:
     bundle: bool = False  # containerd's bundle of the container still there
     timings: dict[str, float | None] = field(default_factory=dict)
     guard_deletes: list[dict[str, Any]] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)  # runc-guard records left for these ids
+    after_removal: dict[str, Any] = field(default_factory=dict)  # after kubelet's rm -f, stopp, rmp
+    alive: int = 0  # the container's processes still alive when measured
     log_lines: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -499,12 +502,14 @@ class Cell:
         return (
             f"{self.scenario:9} pid={self.pid_mode:9} {self.handler:10} dirs={len(self.left)}"
             f"+{len(self.sandbox_left)} state={int(self.runtime_state)}"
-            f"+{int(self.sandbox_runtime_state)} {t}"
+            f"+{int(self.sandbox_runtime_state)} records={len(self.pending)} alive={self.alive} {t}"
+            + (f" after-rm={self.after_removal}" if self.after_removal else "")
         )
 
 
 def _collect(lab: CriLab, cell: Cell, ctr: Container, pod: Pod, since: int) -> None:
     wait_for(lambda: not ctr.pids(), 5)
+    cell.alive = len(ctr.pids())
     cell.left = ctr.cgroup_dirs()
     cell.sandbox_left = dirs_named(f"{pod.cgroup_parent}/{pod.id}")
     cell.runtime_state = lab.runtime_state(ctr.id)
@@ -515,6 +520,7 @@ def _collect(lab: CriLab, cell: Cell, ctr: Container, pod: Pod, since: int) -> N
         for e in cl.guard_events(lab.settings, "delete")[since:]
         if e.get("container_id") in (ctr.id, pod.id)
     ]
+    cell.pending = [r for r in cl.pending_records(lab.settings) if r.startswith((ctr.id, pod.id))]
     cell.log_lines = [
         line
         for line in lab.containerd.log().splitlines()
@@ -522,7 +528,45 @@ def _collect(lab: CriLab, cell: Cell, ctr: Container, pod: Pod, since: int) -> N
     ]
 
 
-def path_b(lab: CriLab, handler: str, pid_mode: str, delay: float = 1.5, settle: float = 12.0) -> Cell:
+def kubelet_removal(lab: CriLab, cell: Cell, ctr: Container, pod: Pod, budget: float = 20.0) -> None:
+    """What kubelet does next: ``rm -f`` the container until it succeeds, then stopp and rmp.
+
+    Records what is left after that (``after_removal``): the container's dirs,
+    its runc state, and runc-guard's records for it.
+    """
+    start = time.monotonic()
+    attempts = 0
+    while True:
+        attempts += 1
+        p = lab.crictl("rm", "-f", ctr.id, check=False)
+        if p.returncode == 0 or time.monotonic() - start > budget:
+            break
+        cell.notes.append(f"rm -f attempt {attempts}: {p.stderr.strip()[-200:]}")
+        time.sleep(1.0)
+    cell.timings["rm_f_s"] = elapsed(start)
+    cell.timings["rm_f_attempts"] = attempts
+    t = time.monotonic()
+    lab.crictl("stopp", pod.id, check=False)
+    cell.timings["stopp_s"] = elapsed(t)
+    t = time.monotonic()
+    lab.crictl("rmp", pod.id, check=False)
+    cell.timings["rmp_s"] = elapsed(t)
+    cell.after_removal = {
+        "alive": len(ctr.pids()),
+        "dirs": len(ctr.cgroup_dirs()),
+        "state": lab.runtime_state(ctr.id),
+        "records": [r for r in cl.pending_records(lab.settings) if r.startswith(ctr.id)],
+    }
+
+
+def path_b(
+    lab: CriLab,
+    handler: str,
+    pid_mode: str,
+    delay: float = 1.5,
+    settle: float = 12.0,
+    remove: bool = True,
+) -> Cell:
     """Init and the pod's shim SIGKILLed, 2 children dying ``delay`` s later (freezer hold).
 
     containerd notices the dead shim and cleans up (the runtime's ``delete
@@ -560,6 +604,8 @@ def path_b(lab: CriLab, handler: str, pid_mode: str, delay: float = 1.5, settle:
             cell.timings["exited_s"] = watch.wait(2.0)
             cell.notes.append("states: " + ",".join(watch.states))
             _collect(lab, cell, ctr, pod, since)
+            if remove:
+                kubelet_removal(lab, cell, ctr, pod)
         finally:
             if watch is not None:
                 watch.stop()

@@ -36,7 +36,8 @@ STOCK_LEAKS_ON_PATH_A = {(cl.CONTAINERD_16, "node"), (cl.CONTAINERD_16, "pod")}
 KNOWN_GAPS = {
     ("path-b", cl.CONTAINERD_22, "node"): "containerd 2.2's dead-shim cleanup deletes only the "
     "sandbox ('failed to delete task: ttrpc: closed' for the container): runc-guard is never "
-    "called for the container; its 10 dirs and runc state stay",
+    "called for the container; its 10 dirs and runc state stay, even after rm -f/stopp/rmp, "
+    "and its 3 host-PID processes keep running (nobody kills them)",
     ("path-b", cl.CONTAINERD_22, "pod"): "same as node: the container's delete never reaches runc-guard",
     ("path-b", cl.CONTAINERD_22, "container"): "same as node: the container's delete never reaches "
     "runc-guard",
@@ -82,6 +83,9 @@ def assert_guard_clean(cell: cr.Cell) -> None:
     assert not cell.runtime_state, detail
     assert cell.sandbox_left == [], detail
     assert not cell.sandbox_runtime_state, detail
+    assert cell.alive == 0, detail
+    if cell.after_removal:  # and still nothing after kubelet's rm -f, stopp, rmp
+        assert cell.after_removal == {"alive": 0, "dirs": 0, "state": False, "records": []}, detail
 
 
 @pytest.mark.parametrize(("version", "mode"), cell_params("path-b"))
