@@ -40,6 +40,9 @@ The same lab runs containerd 2.2.2 from ``integration.runtimes`` (the setting
   control (``ctr run --runc-binary``).
 - ``running_containerd(..., build=..., config=...)`` also takes a ready-made
   config file (the CRI lab writes its own); without it the lab writes one.
+- Helpers for tests on any build: ``missing_prerequisites(build)`` (why the lab
+  cannot run here, for a skip), ``guard_events(settings, "delete")`` (runc-guard's
+  event lines, with the runtime it ran and the outcome), ``Containerd.runc_state``.
 """
 
 from __future__ import annotations

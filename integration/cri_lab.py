@@ -363,7 +363,7 @@ def missing_prerequisites(build: cl.Build) -> str | None:
 def cri_lab(workdir: str, build: cl.Build, crictl: str, **overrides: str) -> Iterator[CriLab]:
     """Start a CRI containerd for ``build`` in ``workdir``, images imported; always stop it."""
     os.makedirs(os.path.join(workdir, "bin"), exist_ok=True)
-    settings = cl.guard_settings(workdir, RUNC_GUARD_RUNTIME=build.runc, **overrides)
+    settings = cl.guard_settings(workdir, **{"RUNC_GUARD_RUNTIME": build.runc, **overrides})
     config = cri_config(workdir, build, build.runc)
     configured = configure(config, settings["RUNC_GUARD_CONFIG"], build.config_version)
     with open(os.path.join(workdir, "crictl.yaml"), "w") as f:
