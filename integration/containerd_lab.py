@@ -490,17 +490,23 @@ class Task:
 
 
 def run_task(
-    lab: Containerd, namespace: str, binary: str, children: int = 3, prefix: str = "rgctd"
+    lab: Containerd, namespace: str, binary: str, children: int = 3, prefix: str = "rgctd",
+    host_pid: bool = True,
 ) -> Task:
-    """Start a detached host-PID task through ``binary``; wait for all its processes."""
+    """Start a detached task through ``binary``; wait for all its processes.
+
+    Host-PID by default (the incident's pod); ``host_pid=False`` keeps ctr's own
+    PID namespace (kubelet's default pod), where killing init makes the kernel
+    kill the rest and init waits in do_exit until they are gone.
+    """
     task = Task(lab, namespace, unique(prefix), binary)
     # ctr asks for cpu shares 1024 by default; the v2 tree of a hybrid host has no
     # cpu controller (it is bound to v1), so under UNIFIED ask for none.
     shares = ["--cpu-shares", "0"] if lab.layout == UNIFIED else []
+    pid_ns = ["--with-ns", f"pid:/proc/{lab.pid}/ns/pid"] if host_pid else []
     lab.ctr(
         namespace, "run", "-d", "--null-io", *shares, "--rootfs", "--runc-binary", binary,
-        "--with-ns", f"pid:/proc/{lab.pid}/ns/pid", lab.rootfs, task.id,
-        *sleepers_command(children),
+        *pid_ns, lab.rootfs, task.id, *sleepers_command(children),
     )
     if not wait_for(lambda: len(task.pids()) >= children + 1, 10):
         raise RuntimeError(f"task {task.id} did not start {children} children: {task.pids()}")

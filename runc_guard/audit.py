@@ -23,6 +23,7 @@ from runc_guard.cgroupfs import CgroupFsOps
 from runc_guard.discovery import Discovery, pod_uid_of
 from runc_guard.metrics import Gauge
 from runc_guard.sweep import RuntimeDirs, decide, read_facts
+from runc_guard.systemd_scope import release_failed_scopes
 
 NPD_OK = 0
 NPD_PROBLEM = 1
@@ -58,6 +59,8 @@ class AuditReport:
     pending: list[dict[str, Any]] = field(default_factory=list)
     pending_errors: dict[str, str] = field(default_factory=dict)
     runtime: dict[str, str] = field(default_factory=dict)
+    #: systemd driver: failed container scope units (sweep entries: would_reset_failed / kept:<reason>).
+    failed_scopes: list[dict[str, Any]] = field(default_factory=list)
     status: str = "ok"
     message: str = ""
 
@@ -143,6 +146,9 @@ def audit(
             {"record": record, "container_id": cid, "age_seconds": round(now - created, 1)}
         )
     report.pending_errors = dict(discovery.record_errors)
+    report.failed_scopes = release_failed_scopes(
+        runtime.has_state, runtime.has_bundle, report.hierarchies, fs.read_procs, dry_run=True
+    )
     return report
 
 
@@ -160,6 +166,9 @@ def judge(report: AuditReport, max_leaked: int, pending_max_age: float) -> int:
         problems.append(f"{len(stale)} pending record(s) older than {pending_max_age:g}s")
     if report.pending_errors:
         problems.append(f"{len(report.pending_errors)} unusable pending record(s)")
+    orphan_scopes = [s for s in report.failed_scopes if s["action"] == "would_reset_failed"]
+    if orphan_scopes:
+        problems.append(f"{len(orphan_scopes)} failed scope unit(s) of gone containers")
     if problems:
         report.status = "problem"
         report.message = "CgroupLeak: " + "; ".join(problems)
