@@ -490,6 +490,7 @@ class Cell:
     pending: list[str] = field(default_factory=list)  # runc-guard records left for these ids
     after_removal: dict[str, Any] = field(default_factory=dict)  # after kubelet's rm -f, stopp, rmp
     alive: int = 0  # the container's processes still alive when measured
+    after_sweep: dict[str, Any] = field(default_factory=dict)  # after runc-guardctl sweep
     log_lines: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -504,6 +505,7 @@ class Cell:
             f"+{len(self.sandbox_left)} state={int(self.runtime_state)}"
             f"+{int(self.sandbox_runtime_state)} records={len(self.pending)} alive={self.alive} {t}"
             + (f" after-rm={self.after_removal}" if self.after_removal else "")
+            + (f" after-sweep={self.after_sweep}" if self.after_sweep else "")
         )
 
 
@@ -559,6 +561,43 @@ def kubelet_removal(lab: CriLab, cell: Cell, ctr: Container, pod: Pod, budget: f
     }
 
 
+def sweep(lab: CriLab, pod: Pod | None = None) -> subprocess.CompletedProcess[str]:
+    """``runc-guardctl sweep`` over the lab's pods (or one pod), as a node's timer would run it.
+
+    Runs in containerd's mount namespace (runc's state root is its private
+    /run/containerd/runc) with containerd's environment (runc-guard's pending dir).
+    """
+    tree = pod.cgroup_parent.strip("/") if pod is not None else lab.prefix
+    argv = [
+        guardctl_binary(),
+        "sweep",
+        "--kubepods",
+        tree,
+        "--min-age",
+        "0",
+        "--pause",
+        "0",
+        "--runtime-root",
+        cl.RUNC_ROOT,
+        "--bundle-root",
+        os.path.join(lab.containerd.state_dir, "io.containerd.runtime.v2.task"),
+    ]
+    return cl.in_namespace(lab.containerd, argv, timeout=120)
+
+
+def after_sweep(lab: CriLab, cell: Cell, ctr: Container) -> None:
+    """Sweep the container's pod, then record what is left of it (``after_sweep``)."""
+    result = sweep(lab, ctr.pod)
+    cell.notes.append(
+        f"sweep exited {result.returncode}: {result.stdout.strip()[:300]} {result.stderr.strip()[-300:]}"
+    )
+    cell.after_sweep = {
+        "dirs": len(ctr.cgroup_dirs()),
+        "state": lab.runtime_state(ctr.id),
+        "records": [r for r in cl.pending_records(lab.settings) if r.startswith(ctr.id)],
+    }
+
+
 def path_b(
     lab: CriLab,
     handler: str,
@@ -566,6 +605,7 @@ def path_b(
     delay: float = 1.5,
     settle: float = 12.0,
     remove: bool = True,
+    run_sweep: bool = False,
 ) -> Cell:
     """Init and the pod's shim SIGKILLed, 2 children dying ``delay`` s later (freezer hold).
 
@@ -606,6 +646,8 @@ def path_b(
             _collect(lab, cell, ctr, pod, since)
             if remove:
                 kubelet_removal(lab, cell, ctr, pod)
+                if run_sweep:
+                    after_sweep(lab, cell, ctr)
         finally:
             if watch is not None:
                 watch.stop()
@@ -685,14 +727,17 @@ def lab_for(version: str, factory: Any, **overrides: str) -> Iterator[CriLab]:
         yield lab
 
 
-def both(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-    """Run ``fn(lab, handler, ...)`` for stock and runc-guard at once (2 threads): (stock, guard)."""
+def both(fn: Any, *args: Any, guard_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> tuple[Any, Any]:
+    """Run ``fn(lab, handler, ...)`` for stock and runc-guard at once (2 threads): (stock, guard).
+
+    ``guard_kwargs`` go to the runc-guard run only (e.g. a sweep afterwards).
+    """
     from concurrent.futures import ThreadPoolExecutor
 
     lab = args[0]
     with ThreadPoolExecutor(2) as pool:
         stock = pool.submit(fn, lab, STOCK_HANDLER, *args[1:], **kwargs)
-        guard = pool.submit(fn, lab, GUARD_HANDLER, *args[1:], **kwargs)
+        guard = pool.submit(fn, lab, GUARD_HANDLER, *args[1:], **{**kwargs, **(guard_kwargs or {})})
         return stock.result(), guard.result()
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from integration import containerd_lab as cl
 from integration import cri_lab as cr
+from runc_guard.config import DEFAULT_DELETE_TIMEOUT
 
 pytestmark = pytest.mark.kernel
 
@@ -44,19 +45,11 @@ EXPECTED = {
     "rmp": (0, []),
     "rmp-left": ([], False),
 }
-#: The retry scenario: children take this long, past runc-guard's 3 s delete_timeout.
-RETRY_RELEASE = 6.5
-#: What fails today (observed; issue 10 / issue 12 "quiet when nothing happened").
-QUIET_GAP = {
-    cl.CONTAINERD_16: "containerd 1.6 runs a dead-shim style delete --force after every normal "
-    "task delete; runc-guard logs it as warning state_unreadable and counts a no_state delete",
-    cl.CONTAINERD_22: "a delete of a container runc no longer knows is logged as warning "
-    "state_unreadable (and counted as a no_state delete)",
-}
-RETRY_GAP = {
-    cl.CONTAINERD_16: "after the deadline (exit 75) the CRI's retried delete finds no runc state "
-    "(no_state) and leaves the 9 recorded dirs to the sweep",
-}
+#: The retry scenario: children take this long, past runc-guard's delete_timeout.
+RETRY_RELEASE = 2.5 + DEFAULT_DELETE_TIMEOUT + 1.5
+#: What fails today (observed), by containerd version: none at the moment.
+QUIET_GAP: dict[str, str] = {}
+RETRY_GAP: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
