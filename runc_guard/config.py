@@ -182,3 +182,20 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         raise ConfigError(f"cannot use settings file {path}: {exc}") from exc
     source = path if os.path.exists(path) else f"{path} (absent: defaults)"
     return settings_from(raw, env, source)
+
+
+def load_settings_leniently(environ: Mapping[str, str] | None = None) -> tuple[Settings, list[str]]:
+    """Like :func:`load_settings`, but every problem is listed instead of raised.
+
+    For the node tools that must still report (audit, metrics, doctor) when the
+    settings file is broken: valid keys apply, the rest keep their defaults.
+    """
+    env = os.environ if environ is None else environ
+    path = config_path(env)
+    try:
+        raw = read_settings_file(path, cache_dir(env))
+        problems: list[str] = []
+    except (OSError, ValueError) as exc:
+        raw, problems = {}, [f"cannot use settings file {path}: {exc}"]
+    settings, more = lenient_settings(raw, env, path)
+    return settings, problems + more

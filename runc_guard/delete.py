@@ -154,10 +154,15 @@ class DeleteRun:
         sys.stderr.flush()
         runclog.append(self.invocation.log_path, "error", f"{PROG}: {message}", self.invocation.log_format)
 
-    def finish(self, end: Outcome) -> int:
-        """The one canonical entry of this delete; the stats line for metrics."""
-        for sig in FORWARDED:
-            signal.signal(sig, _note_only)
+    def finish(self, end: Outcome, final: bool = True) -> int:
+        """The one canonical entry of this delete; the stats line for metrics.
+
+        ``final``: the process's verdict is decided, so a signal may no longer change
+        it; a sandbox's sibling (not final) leaves the handlers to the sandbox's delete.
+        """
+        if final:
+            for sig in FORWARDED:
+                signal.signal(sig, _note_only)
         if end.failed:
             self.fail(end.reason)
         total_ms = int((self.clock() - self.started) * 1000)
@@ -190,8 +195,7 @@ class DeleteRun:
             return self.finish(end)
         finally:
             for sig, handler in previous.items():
-                if signal.getsignal(sig) is _raise_interrupted:
-                    signal.signal(sig, handler)
+                signal.signal(sig, handler)
         raise AssertionError("every delete ends with an Outcome")  # pragma: no cover
 
     def _delete(self) -> None:
@@ -531,7 +535,7 @@ class DeleteRun:
             self._with_state(state)
         except Outcome as end:
             end.failed = False  # the sandbox's caller asked about the sandbox only
-            return self.finish(end)
+            return self.finish(end, final=False)
         raise AssertionError("every delete ends with an Outcome")  # pragma: no cover
 
 

@@ -104,7 +104,18 @@ def _known_to_anyone(
     return os.path.exists(record)
 
 
-def main() -> int:
+def _reraise(noted: list[int]) -> None:
+    """A signal that came while we started: die of it as the runtime would have, before exec."""
+    if noted:
+        import _signal  # type: ignore[import-not-found]
+
+        _signal.signal(noted[0], _signal.SIG_DFL)
+        os.kill(os.getpid(), noted[0])
+
+
+def main(noted: list[int] | None = None) -> int:
+    """Route one runtime call; ``noted`` holds signals the launcher caught during start-up."""
+    noted = [] if noted is None else noted
     environ = os.environ
     args = sys.argv[1:]
     invoked_as = os.path.basename(sys.argv[0])
@@ -127,20 +138,16 @@ def main() -> int:
     except RuncGuardError as exc:
         return _fail(str(exc), exc.exit_code, environ)
     if invocation.is_delete and _known_to_anyone(invocation, routing.raw, environ):
-        import _signal  # type: ignore[import-not-found]
-
-        # Until the delete path has its own handlers, a signal is only noted: no
-        # KeyboardInterrupt traceback, and the delete starts by honouring it.
-        early: list[int] = []
-        for signum in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
-            _signal.signal(signum, lambda n, _f: early.append(n))
+        # Until the delete path has its own handlers, a signal is only noted (the
+        # launcher set that up): the delete starts by honouring it.
         from runc_guard.delete import run_delete
 
-        status = run_delete(invocation, args, runtime, routing.raw, routing.problem, environ, early)
+        status = run_delete(invocation, args, runtime, routing.raw, routing.problem, environ, noted)
         # Everything is written and closed by now; tearing down the ~300 modules the
         # delete path loaded would only delay containerd's shim by ~12 ms.
         sys.stderr.flush()
         os._exit(status)
+    _reraise(noted)
     try:
         exec_runtime(runtime, args)
     except OSError as exc:
