@@ -34,6 +34,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -443,8 +444,6 @@ class ExitWatch:
     """Polls a container's CRI state in a thread: when did it first read EXITED?"""
 
     def __init__(self, lab: CriLab, cid: str, start: float) -> None:
-        import threading
-
         self.lab, self.cid, self.start = lab, cid, start
         self.exited_s: float | None = None
         self.states: list[str] = []
@@ -606,6 +605,7 @@ def path_b(
     settle: float = 12.0,
     remove: bool = True,
     run_sweep: bool = False,
+    sync: threading.Barrier | None = None,
 ) -> Cell:
     """Init and the pod's shim SIGKILLed, 2 children dying ``delay`` s later (freezer hold).
 
@@ -646,8 +646,12 @@ def path_b(
             _collect(lab, cell, ctr, pod, since)
             if remove:
                 kubelet_removal(lab, cell, ctr, pod)
-                if run_sweep:
-                    after_sweep(lab, cell, ctr)
+            if sync is not None:
+                # The sweep re-drives every orphan under the runtime root, the control's
+                # too: both cells must have counted what they left before it runs.
+                sync.wait(120)
+            if run_sweep:
+                after_sweep(lab, cell, ctr)
         finally:
             if watch is not None:
                 watch.stop()
@@ -662,8 +666,6 @@ def path_a(lab: CriLab, handler: str, pid_mode: str, release_after: float, scena
     ``delete``) and ``crictl stop`` returns once that is done. Measured right
     after ``crictl rm``; the pod is then stopped and removed (timed too).
     """
-    import threading
-
     cell = Cell(scenario, handler, pid_mode)
     since = len(cl.guard_events(lab.settings, "delete"))
     with lab.pod(handler, PID_MODES[pid_mode]) as pod:
@@ -912,8 +914,6 @@ def _teardown_steps(
 
 def rm_retry(lab: CriLab, handler: str, pid_mode: str, release_after: float, budget: float = 45.0) -> Cell:
     """kubelet's removal: ``crictl rm -f`` every second until it succeeds, children dying slowly."""
-    import threading
-
     cell = Cell("rm-retry", handler, pid_mode)
     since = len(cl.guard_events(lab.settings, "delete"))
     with lab.pod(handler, PID_MODES[pid_mode]) as pod:

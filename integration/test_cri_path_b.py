@@ -4,17 +4,17 @@ A container whose init has 3 children, 2 of them held in a frozen freezer; the
 pod's shim and the container's init are SIGKILLed, the held children die later.
 Each cell runs through the ``stock`` handler (the control) and the ``runc-guard``
 handler of one containerd at once, in PID modes container / pod / node, on
-containerd 1.6.20 + runc 1.1.5 and 2.2.2 + runc 1.3.4. Known failures are xfail
-with the observed reason; they still run and keep their assertions.
+containerd 1.6.20 + runc 1.1.5 and 2.2.2 + runc 1.3.4. Known failures (KNOWN_GAPS)
+are xfail with the observed reason; they still run and keep their assertions.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
 
-from integration import containerd_lab as cl
 from integration import cri_lab as cr
 
 pytestmark = pytest.mark.kernel
@@ -25,15 +25,9 @@ DELAY = 1.5
 #: a teardown longer than containerd's 5 s shim cleanup timeout makes stock leak there.
 DELAY_OWN_PIDNS = 7.0
 
-_OWN_PIDNS = (
-    "own PID namespace, 7 s teardown (longer than containerd's 5 s "
-    "io.containerd.timeout.shim.cleanup): runc-guard gives up at its deadline (exit 75) and "
-    "keeps a pending record, nobody re-runs a dead-shim delete, and runc-guardctl sweep keeps "
-    "the container because runc still has state for it ('kept: runtime_state 1'): 10 dirs, "
-    "runc state and the record stay (issue 10: the sweep must re-drive orphaned runtime state)"
-)
-#: What fails today, and why (observed; issue 10 has the lead fix the delete path and the sweep).
-KNOWN_GAPS = {(cl.CONTAINERD_16, "container"): _OWN_PIDNS, (cl.CONTAINERD_22, "container"): _OWN_PIDNS}
+#: What fails today, and why (observed), by (version, mode): nothing at the moment. Until
+#: main's sweep re-drove orphaned runtime state, the own-PID-namespace cells failed here.
+KNOWN_GAPS: dict[tuple[str, str], str] = {}
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +51,9 @@ def test_path_b(labs: cr.Labs, version: str, mode: str, summary: list[str]) -> N
     lab = labs(version)
     own_pidns = mode == "container"
     delay = DELAY_OWN_PIDNS if own_pidns else DELAY
-    stock, guard = cr.both(cr.path_b, lab, mode, delay, guard_kwargs={"run_sweep": own_pidns})
+    stock, guard = cr.both(
+        cr.path_b, lab, mode, delay, sync=threading.Barrier(2), guard_kwargs={"run_sweep": own_pidns}
+    )
     summary += [f"cri {version} {stock.summary()}", f"cri {version} {guard.summary()}"]
     assert stock.leaked, f"the control did not leak: {stock.summary()} {stock.notes}"
     if own_pidns:
