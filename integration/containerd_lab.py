@@ -40,6 +40,9 @@ The same lab runs containerd 2.2.2 from ``integration.runtimes`` (the setting
   control (``ctr run --runc-binary``).
 - ``running_containerd(..., build=..., config=...)`` also takes a ready-made
   config file (the CRI lab writes its own); without it the lab writes one.
+- Helpers for tests on any build: ``missing_prerequisites(build)`` (why the lab
+  cannot run here, for a skip), ``guard_events(settings, "delete")`` (runc-guard's
+  event lines, with the runtime it ran and the outcome), ``Containerd.runc_state``.
 """
 
 from __future__ import annotations
@@ -240,6 +243,9 @@ def _config(workdir: str, version: int = 2) -> str:
             '  address = ""\n'
             '  level = "info"\n'
         )
+        if version >= 3:  # 2.x's opt plugin would create /opt/containerd on the host
+            f.write('[plugins."io.containerd.internal.v1.opt"]\n'
+                    f"  path = {json.dumps(os.path.join(workdir, 'opt'))}\n")
     return path
 
 
