@@ -371,3 +371,18 @@ def test_sigkill_mid_wait_then_retry_finishes(shim_binary: str, workdir: str) ->
         assert ctr.cgroup_dirs() == []
         assert not os.path.exists(os.path.join(ctr.root, ctr.id))
         assert os.listdir(pending) == []
+
+
+def test_blocking_runtime_is_stopped_at_the_deadline(shim_binary: str, workdir: str) -> None:
+    """Fault: the runtime's own delete blocks (runc 1.1.5 polls a dying init for up to 10 s):
+    the deadline covers it; SIGTERM, then SIGKILL; exit 75 in time, record kept, reason given."""
+    with crafted_container(workdir) as ctr:
+        blocking = ctr.runtime("exec sleep 30")
+        env = guard_env(workdir, RUNC_GUARD_RUNTIME=blocking, RUNC_GUARD_DELETE_TIMEOUT="1.5")
+        started = time.monotonic()
+        proc = delete(shim_binary, ctr.root, ctr.id, env)
+        elapsed = time.monotonic() - started
+        assert proc.returncode == 75, proc.stderr
+        assert elapsed < 1.5 + 1.0, "the runtime must not outlive runc-guard's deadline"
+        assert "delete still running after" in proc.stderr and "does not exist" not in proc.stderr
+        assert len(os.listdir(os.path.join(workdir, "pending"))) == 1
