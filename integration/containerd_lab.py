@@ -243,9 +243,9 @@ def _config(workdir: str, version: int = 2) -> str:
             '  address = ""\n'
             '  level = "info"\n'
         )
-        if version >= 3:  # 2.x's opt plugin would create /opt/containerd on the host
-            f.write('[plugins."io.containerd.internal.v1.opt"]\n'
-                    f"  path = {json.dumps(os.path.join(workdir, 'opt'))}\n")
+        # The opt plugin would create /opt/containerd on the host (1.6 and 2.x alike).
+        f.write('[plugins."io.containerd.internal.v1.opt"]\n'
+                f"  path = {json.dumps(os.path.join(workdir, 'opt'))}\n")
     return path
 
 
