@@ -413,16 +413,15 @@ class Sweeper:
         self, pacer: Pacer, batch: BatchReport, rmdirs: list[float], cpu_before: tuple[float, float]
     ) -> int:
         """Measure the node around the pause, let the pace decide; returns the next batch's target."""
-        pause = pacer.pace.pause
         step = pacer.between_batches(rmdirs, lambda: sys_percent(cpu_before, self.cpu()))
-        batch.pause = pause
+        batch.pause = step.pause
         batch.sys_percent = None if step.sys_percent is None else round(step.sys_percent, 1)
         batch.canary_ms = step.canary_ms
         batch.pressure = step.pressure
         batch.congested = list(step.congested)
         batch.decision = step.action
         # Time held back by the feedback: the pause beyond its floor.
-        batch.slowed = round(max(0.0, pause - pacer.settings.min_pause), 3)
+        batch.slowed = round(max(0.0, step.pause - pacer.settings.min_pause), 3)
         return step.next_batch
 
     def _pause(self, batch: BatchReport, cpu_before: tuple[float, float]) -> None:

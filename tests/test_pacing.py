@@ -24,6 +24,7 @@ from runc_guard.pacing import (
     Signals,
     canary_hierarchy,
     congestion,
+    duty_pause,
     next_pace,
     percentile,
     pressure_share,
@@ -128,6 +129,15 @@ def test_harm_wins_over_hold() -> None:
     decision = next_pace(Pace(300, 0.2), signals, BASE, SETTINGS)
     assert decision.action == "back_off"
     assert decision.congested == ("canary:before", "sys")
+
+
+def test_duty_pause_keeps_the_removal_share_bounded() -> None:
+    """At max_duty 0.3 a batch that took 0.3 s is followed by >= 0.7 s; a quick one by the pace's pause."""
+    settings = PacingSettings(max_duty=0.3)
+    assert duty_pause(0.3, 0.05, settings) == pytest.approx(0.7)
+    assert duty_pause(0.01, 0.05, settings) == 0.05
+    assert duty_pause(0.0, 0.2, settings) == 0.2
+    assert duty_pause(5.0, 0.05, PacingSettings(max_duty=1.0)) == 0.05
 
 
 def test_percentile_and_pressure_share() -> None:
@@ -335,6 +345,30 @@ def test_adaptive_sweep_backs_off_when_the_canary_stays_slow(clock: FakeClock, t
     assert [b.pause for b in report.batches] == [0.05, 0.1, 0.2, 0.4, 0.4, 0.4, 0.0]
     assert {d for b in report.batches[:-1] for d in b.congested} == {"canary:after", "canary:before"}
     assert report.slowed == pytest.approx(0.05 + 0.15 + 3 * 0.35)
+
+
+class SlowRmdirFs(OldFs):
+    """Every rmdir takes 10 ms of the fake node's time."""
+
+    def __init__(self, clock: FakeClock, node: FakeNode) -> None:
+        super().__init__(clock)
+        self.node = node
+
+    def rmdir(self, path: str) -> None:
+        super().rmdir(path)
+        self.node.now += 0.01
+
+
+def test_adaptive_sweep_pauses_in_proportion_to_the_batch(clock: FakeClock, tmp_path: Path) -> None:
+    """A calm node still gets (1 - duty) / duty of each batch's time to itself: 4 dirs x 10 ms -> 0.0933 s."""
+    node = FakeNode()
+    fs = SlowRmdirFs(clock, node)
+    discovery = leaked(fs, 6)  # 12 dirs: batches of 4, 8
+    report = adaptive_sweeper(fs, node, tmp_path, max_duty=0.3).run(discovery)
+    assert report.removed == 6
+    assert [b.dirs_removed for b in report.batches] == [4, 8]
+    assert report.batches[0].pause == pytest.approx(0.04 * 0.7 / 0.3, abs=1e-4)
+    assert node.sleeps[-1] == report.batches[0].pause
 
 
 def test_fixed_sweep_reports_rmdir_latencies(clock: FakeClock, tmp_path: Path) -> None:
