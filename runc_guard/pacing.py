@@ -236,10 +236,33 @@ class CgroupCanary:
     permission, read-only mount) reads None and the pace uses the other signals.
     """
 
+    PREFIX = "runc-guard-canary-"
+
     def __init__(self, hierarchy: str, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.path = os.path.join(hierarchy, f"runc-guard-canary-{os.getpid()}")
+        self.hierarchy = hierarchy
+        self.path = os.path.join(hierarchy, f"{self.PREFIX}{os.getpid()}")
         self.clock = clock
         self.broken = False
+
+    def remove_stale(self) -> list[str]:
+        """rmdir canaries that sweeps killed between mkdir and rmdir left behind; returns them.
+
+        Only ``runc-guard-canary-<pid>`` of a pid that no longer exists, and
+        only if empty (rmdir of a cgroup with a process fails with EBUSY).
+        """
+        removed: list[str] = []
+        try:
+            names = os.listdir(self.hierarchy)
+        except OSError:
+            return removed
+        for name in names:
+            pid = name[len(self.PREFIX) :]
+            if not name.startswith(self.PREFIX) or not pid.isdigit() or _pid_exists(int(pid)):
+                continue
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(self.hierarchy, name))
+                removed.append(name)
+        return removed
 
     def __call__(self) -> float | None:
         if self.broken:
@@ -267,6 +290,17 @@ class CgroupCanary:
             os.rmdir(self.path)
 
 
+def _pid_exists(pid: int) -> bool:
+    """kill(pid, 0): ESRCH means gone; EPERM still means it exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def canary_hierarchy(mounts: Iterable[str]) -> str | None:
     """Where the canary goes: the memory hierarchy (its memcg is the costliest css), else the first."""
     listed = list(mounts)
@@ -292,7 +326,10 @@ class NodeSignals:
 def real_signals(mounts: Iterable[str]) -> NodeSignals:
     """Canary in the memory hierarchy (else the first one) and PSI from /proc/pressure."""
     hierarchy = canary_hierarchy(mounts)
-    canary: Callable[[], float | None] = CgroupCanary(hierarchy) if hierarchy is not None else (lambda: None)
+    if hierarchy is None:
+        return NodeSignals(lambda: None, read_pressure)
+    canary = CgroupCanary(hierarchy)
+    canary.remove_stale()
     return NodeSignals(canary, read_pressure)
 
 

@@ -189,6 +189,24 @@ def test_canary_left_over_is_removed(tmp_path: Path) -> None:
     assert canary() is not None
 
 
+def test_stale_canaries_of_dead_sweeps_are_removed(tmp_path: Path) -> None:
+    """A canary whose pid is gone is removed; ours, a live pid's and anything else stay."""
+    child = subprocess.Popen(["true"])
+    child.wait()  # reaped: its pid no longer exists
+    for name in (
+        f"runc-guard-canary-{child.pid}",
+        f"runc-guard-canary-{os.getpid()}",
+        "runc-guard-canary-1",
+        "runc-guard-canary-x",
+        "kubepods",
+    ):
+        (tmp_path / name).mkdir()
+    assert CgroupCanary(str(tmp_path)).remove_stale() == [f"runc-guard-canary-{child.pid}"]
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["kubepods", "runc-guard-canary-1", "runc-guard-canary-x", f"runc-guard-canary-{os.getpid()}"]
+    )
+
+
 def test_canary_hierarchy_prefers_memory() -> None:
     """memory (the costliest css to make) if mounted, else the first hierarchy, else none."""
     assert canary_hierarchy(["/cg/cpu", "/cg/memory", "/cg/pids"]) == "/cg/memory"
