@@ -3,8 +3,13 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # runc/containerd/crun/busybox-static: the real parts the tests drive; systemd gives
-# systemd-journald and systemd-analyze; python3-venv builds the test venv.
-APT_PACKAGES := runc containerd crun busybox-static python3-venv systemd util-linux procps make
+# systemd-journald and systemd-analyze; python3-venv builds the test venv;
+# debootstrap + systemd-container: the booted-systemd lab of the systemd cgroup
+# driver (systemd-nspawn); prometheus: promtool, which checks and unit-tests the
+# alert rules; strace: stalls an import deterministically in the signal tests;
+# gcc + libc6-dev: the CRI suite's static pause binary.
+APT_PACKAGES := runc containerd crun busybox-static python3-venv systemd util-linux procps make \
+	debootstrap systemd-container prometheus strace gcc libc6-dev
 SOURCES := $(shell find runc_guard bin -type f -name '*' -not -name '*.pyc') pyproject.toml
 STAMP := $(VENV)/.installed
 
@@ -43,8 +48,12 @@ integration: deps venv
 	$(PY) -m pytest integration
 
 # The README's test command: lint, type check, unit, kernel and integration tests.
+# Two workers (these machines have two cores); --dist loadscope keeps each module's
+# containerd lab on one worker. The runtime matrix needs RUNC_GUARD_TEST_RUNTIMES
+# (default: ../shared/runtimes beside the checkout; .ci/run unpacks and sets it).
+JOBS ?= 2
 test: deps venv lint typecheck
-	$(PY) -m pytest tests integration
+	$(PY) -m pytest -n $(JOBS) --dist loadscope tests integration
 
 # The README's main job: stock runc leaks cgroups on a slow teardown, runc-guard does not.
 demo: deps venv

@@ -56,6 +56,19 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         terminalreporter.section("runc-guard containerd storm")
         for line in lines:
             terminalreporter.write_line(line)
+    # Figures recorded with record_property("figure", ...): they travel with the test
+    # reports, so they reach this summary from pytest-xdist workers too.
+    figures = sorted(
+        str(value)
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        for key, value in getattr(report, "user_properties", ())
+        if key == "figure" and getattr(report, "when", "call") == "call"
+    )
+    if figures:
+        terminalreporter.section("runc-guard figures (stock vs runc-guard)")
+        for line in figures:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture

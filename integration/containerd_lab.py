@@ -14,6 +14,35 @@ containerd is started and stopped by its pid; shims it leaves behind are found
 as the processes in that private mount namespace, which only this lab created.
 Every task gets its own containerd namespace, so its cgroups live under
 ``/<namespace>/<id>`` in every hierarchy and are removed with the namespace.
+
+containerd 2.2 and other runc versions (additive API, every default unchanged)
+-------------------------------------------------------------------------------
+The same lab runs containerd 2.2.2 from ``integration.runtimes`` (the setting
+``RUNC_GUARD_TEST_RUNTIMES``). Pick a build and a runc by name::
+
+    build = cl.require_build(cl.CONTAINERD_22)      # skips when absent; CONTAINERD_16: Debian's
+    runc = cl.require_runc(cl.RUNC_1_3_4)           # RUNC_1_1_5 (Debian), RUNC_1_3_4, RUNC_1_5_1
+    with cl.guarded_containerd_in(factory, "name", build=build, runc=runc) as lab:
+        task = cl.run_task(lab.containerd, ns, cl.guard_binary())   # runc-guard -> runc 1.3.4
+        crash = cl.path_b_crash(lab.containerd, ns, runc, delay=1.5)  # stock runc 1.3.4
+
+- ``build`` (a :class:`Build`; default ``None`` = Debian's containerd 1.6.20,
+  exactly as before) chooses the ``containerd`` and ``ctr`` binaries, the config
+  layout (``version = 2`` or ``version = 3``) and the PATH: for 2.2 the runtimes'
+  ``bin/`` comes first, so containerd starts its own ``containerd-shim-runc-v2``.
+  ``Containerd.ctr`` always runs the build's own ``ctr``. Both versions' shims keep
+  runc state under ``/run/containerd/runc/<ns>/<id>``: inside the lab's private
+  ``/run`` (``Containerd.runc_state(ns, id)`` gives the host-visible path).
+- ``runc`` (a path) is the runtime runc-guard fronts: it is put in containerd's
+  environment as ``RUNC_GUARD_RUNTIME`` (``runc_guard.runtime.runtime_name_for``
+  reads it; the shim and runc-guard inherit containerd's environment). The same
+  path given to ``run_task``/``path_b_crash``/``path_a`` as ``binary`` is the stock
+  control (``ctr run --runc-binary``).
+- ``running_containerd(..., build=..., config=...)`` also takes a ready-made
+  config file (the CRI lab writes its own); without it the lab writes one.
+- Helpers for tests on any build: ``missing_prerequisites(build)`` (why the lab
+  cannot run here, for a skip), ``guard_events(settings, "delete")`` (runc-guard's
+  event lines, with the runtime it ran and the outcome), ``Containerd.runc_state``.
 """
 
 from __future__ import annotations
@@ -30,6 +59,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from integration import runtimes
 from integration.lab import (
     BUSYBOX,
     CGROUP_ROOT,
@@ -68,9 +98,104 @@ DISABLED_PLUGINS = [
 ]
 
 
+#: containerd builds the lab can run (see :func:`find_build`).
+CONTAINERD_16, CONTAINERD_22 = "1.6", "2.2"
+#: runc versions by name (see :func:`runc_binary`): Debian's, and the runtimes tarball's.
+RUNC_1_1_5, RUNC_1_3_4, RUNC_1_5_1 = "1.1.5", "1.3.4", "1.5.1"
+# containerd 2.x splits the CRI into several plugins; every one needs CNI or images.
+DISABLED_PLUGINS_V3 = [
+    *DISABLED_PLUGINS,
+    "io.containerd.cri.v1.runtime",
+    "io.containerd.cri.v1.images",
+    "io.containerd.podsandbox.controller.v1.podsandbox",
+    "io.containerd.sandbox.controller.v1.shim",
+    "io.containerd.nri.v1.nri",
+    "io.containerd.snapshotter.v1.erofs",
+    "io.containerd.transfer.v1.local",
+]
+
+
+@dataclass(frozen=True)
+class Build:
+    """A containerd build: its binaries, config layout and the runc it ships with."""
+
+    name: str
+    containerd: str
+    ctr: str
+    config_version: int
+    #: Directory put first on PATH (containerd 2.2 finds its own shim there), or None.
+    bin_dir: str | None
+    #: The runc this containerd is paired with (Debian's 1.1.5; 1.3.4 for 2.2.2).
+    runc: str
+
+
+#: Debian's containerd 1.6.20 with its runc 1.1.5: the lab's default.
+DEBIAN_BUILD = Build(CONTAINERD_16, CONTAINERD, CTR, 2, None, STOCK_RUNC)
+
+
+def find_build(name: str = CONTAINERD_16) -> Build | None:
+    """The containerd build ``name`` (CONTAINERD_16 or CONTAINERD_22), None when absent."""
+    if name == CONTAINERD_16:
+        return DEBIAN_BUILD
+    if name == CONTAINERD_22:
+        binary = runtimes.find(runtimes.CONTAINERD_2)
+        ctr = runtimes.find(runtimes.CTR_2)
+        shim = runtimes.find(runtimes.SHIM_2)
+        runc = runtimes.find(runtimes.RUNC_134)
+        if binary is None or ctr is None or shim is None or runc is None:
+            return None
+        return Build(CONTAINERD_22, binary, ctr, 3, os.path.dirname(shim), runc)
+    raise ValueError(f"unknown containerd build {name!r}")
+
+
+def require_build(name: str) -> Build:
+    """:func:`find_build`, skipping the calling test (naming the setting) when it is absent."""
+    found = find_build(name)
+    if found is None:
+        for binary in (runtimes.CONTAINERD_2, runtimes.SHIM_2, runtimes.CTR_2, runtimes.RUNC_134):
+            runtimes.require(binary)
+        raise RuntimeError(f"containerd build {name} is incomplete")
+    return found
+
+
+_RUNC_FILES = {RUNC_1_3_4: runtimes.RUNC_134, RUNC_1_5_1: runtimes.RUNC_151}
+
+
+def runc_binary(version: str) -> str | None:
+    """Path of runc ``version`` (RUNC_1_1_5 is Debian's), None when absent."""
+    if version == RUNC_1_1_5:
+        return STOCK_RUNC if os.access(STOCK_RUNC, os.X_OK) else None
+    if version not in _RUNC_FILES:
+        raise ValueError(f"unknown runc version {version!r}")
+    return runtimes.find(_RUNC_FILES[version])
+
+
+def require_runc(version: str) -> str:
+    """:func:`runc_binary`, skipping the calling test (naming the setting) when absent."""
+    found = runc_binary(version)
+    if found is None:
+        return runtimes.require(_RUNC_FILES.get(version, "runc"))
+    return found
+
+
 def guard_binary() -> str:
     """The runc-guard under test: the one installed next to this interpreter."""
     return os.path.join(os.path.dirname(sys.executable), "runc-guard")
+
+
+def missing_prerequisites(build: Build | None = None) -> str | None:
+    """Why this lab cannot run here (root, tools, freezer, runc-guard installed), or None."""
+    build = build or DEBIAN_BUILD
+    if os.geteuid() != 0:
+        return "the containerd lab needs root"
+    for tool in (build.containerd, build.ctr, build.runc, NSENTER, UNSHARE):
+        if not os.access(tool, os.X_OK):
+            return f"the containerd lab needs {tool} (make deps installs it)"
+    if not os.path.isdir(FREEZER):
+        return f"the containerd lab needs the cgroup v1 freezer at {FREEZER}"
+    if not os.path.exists(guard_binary()):
+        return f"{guard_binary()} is missing: install the package (make venv)"
+    return None
 
 
 def guard_settings(workdir: str, **overrides: str) -> dict[str, str]:
@@ -100,12 +225,13 @@ def make_rootfs(directory: str) -> str:
     return rootfs
 
 
-def _config(workdir: str) -> str:
-    quoted = ", ".join(json.dumps(p) for p in DISABLED_PLUGINS)
+def _config(workdir: str, version: int = 2) -> str:
+    disabled = DISABLED_PLUGINS_V3 if version >= 3 else DISABLED_PLUGINS
+    quoted = ", ".join(json.dumps(p) for p in disabled)
     path = os.path.join(workdir, "containerd.toml")
     with open(path, "w") as f:
         f.write(
-            "version = 2\n"
+            f"version = {version}\n"
             f"root = {json.dumps(os.path.join(workdir, 'root'))}\n"
             f"state = {json.dumps(os.path.join(workdir, 'state'))}\n"
             f"disabled_plugins = [{quoted}]\n"
@@ -117,10 +243,15 @@ def _config(workdir: str) -> str:
             '  address = ""\n'
             '  level = "info"\n'
         )
+        if version >= 3:  # 2.x's opt plugin would create /opt/containerd on the host
+            f.write('[plugins."io.containerd.internal.v1.opt"]\n'
+                    f"  path = {json.dumps(os.path.join(workdir, 'opt'))}\n")
     return path
 
 
-def _namespace_script(workdir: str, config: str, layout: str) -> str:
+def _namespace_script(
+    workdir: str, config: str, layout: str, containerd: str = CONTAINERD
+) -> str:
     """Shell run by ``unshare -m``: private /run (keeping /run/systemd), then exec containerd."""
     keep = os.path.join(workdir, "host-run-systemd")
     os.makedirs(keep, exist_ok=True)
@@ -138,7 +269,7 @@ def _namespace_script(workdir: str, config: str, layout: str) -> str:
             "umount -l /sys/fs/cgroup",
             "mount -t cgroup2 none /sys/fs/cgroup",
         ]
-    steps.append(f"exec {CONTAINERD} --config {config}")
+    steps.append(f"exec {containerd} --config {config}")
     return "; ".join(steps)
 
 
@@ -169,6 +300,8 @@ class Containerd:
     rootfs: str
     log_path: str
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    #: Which containerd this is (default: Debian's 1.6.20).
+    build: Build = DEBIAN_BUILD
 
     @property
     def address(self) -> str:
@@ -181,6 +314,10 @@ class Containerd:
     def bundle(self, namespace: str, task_id: str) -> str:
         return os.path.join(self.state_dir, "io.containerd.runtime.v2.task", namespace, task_id)
 
+    def runc_state(self, namespace: str, task_id: str) -> str:
+        """The shim's runc state dir of a task, host view (both versions use this root)."""
+        return self.inside(os.path.join(RUNC_ROOT, namespace, task_id))
+
     def inside(self, path: str) -> str:
         """``path`` as containerd's mount namespace sees it (e.g. /run/containerd/...)."""
         return f"/proc/{self.pid}/root{path}"
@@ -189,7 +326,7 @@ class Containerd:
         self, namespace: str, *args: str, check: bool = True, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
         """Run ``ctr`` against this containerd, inside its mount namespace."""
-        argv = [NSENTER, "-t", str(self.pid), "-m", "--", CTR, "-a", self.address,
+        argv = [NSENTER, "-t", str(self.pid), "-m", "--", self.build.ctr, "-a", self.address,
                 "-n", namespace, *args]
         proc = subprocess.run(
             argv, capture_output=True, text=True, timeout=timeout, check=False,
@@ -230,23 +367,31 @@ class Containerd:
 
 @contextlib.contextmanager
 def running_containerd(
-    workdir: str, settings: dict[str, str], layout: str = HYBRID
+    workdir: str, settings: dict[str, str], layout: str = HYBRID,
+    build: Build | None = None, config: str | None = None,
 ) -> Iterator[Containerd]:
-    """Start a private containerd with ``settings`` in its environment; always stop it."""
+    """Start a private containerd with ``settings`` in its environment; always stop it.
+
+    ``build`` picks the containerd (default Debian's 1.6.20); ``config`` is a ready
+    config file (its sockets must be ``<workdir>/containerd.sock[.ttrpc]``), else
+    the lab writes one in the build's layout.
+    """
+    build = build or DEBIAN_BUILD
     os.makedirs(workdir, exist_ok=True)
-    config = _config(workdir)
+    config = config or _config(workdir, build.config_version)
     env = dict(os.environ)
-    env["PATH"] = SBIN_PATH
+    # containerd 2.x looks its shim up on PATH: the build's own shim must win.
+    env["PATH"] = f"{build.bin_dir}:{SBIN_PATH}" if build.bin_dir else SBIN_PATH
     env.update(settings)
     log_path = os.path.join(workdir, "containerd.log")
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [UNSHARE, "-m", "--propagation", "private", "sh", "-c",
-             _namespace_script(workdir, config, layout)],
+             _namespace_script(workdir, config, layout, build.containerd)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
         )
     lab = Containerd(
-        workdir, proc.pid, "", layout, env, make_rootfs(workdir), log_path, proc
+        workdir, proc.pid, "", layout, env, make_rootfs(workdir), log_path, proc, build
     )
     try:
         ready = wait_for(
@@ -345,17 +490,23 @@ class Task:
 
 
 def run_task(
-    lab: Containerd, namespace: str, binary: str, children: int = 3, prefix: str = "rgctd"
+    lab: Containerd, namespace: str, binary: str, children: int = 3, prefix: str = "rgctd",
+    host_pid: bool = True,
 ) -> Task:
-    """Start a detached host-PID task through ``binary``; wait for all its processes."""
+    """Start a detached task through ``binary``; wait for all its processes.
+
+    Host-PID by default (the incident's pod); ``host_pid=False`` keeps ctr's own
+    PID namespace (kubelet's default pod), where killing init makes the kernel
+    kill the rest and init waits in do_exit until they are gone.
+    """
     task = Task(lab, namespace, unique(prefix), binary)
     # ctr asks for cpu shares 1024 by default; the v2 tree of a hybrid host has no
     # cpu controller (it is bound to v1), so under UNIFIED ask for none.
     shares = ["--cpu-shares", "0"] if lab.layout == UNIFIED else []
+    pid_ns = ["--with-ns", f"pid:/proc/{lab.pid}/ns/pid"] if host_pid else []
     lab.ctr(
         namespace, "run", "-d", "--null-io", *shares, "--rootfs", "--runc-binary", binary,
-        "--with-ns", f"pid:/proc/{lab.pid}/ns/pid", lab.rootfs, task.id,
-        *sleepers_command(children),
+        *pid_ns, lab.rootfs, task.id, *sleepers_command(children),
     )
     if not wait_for(lambda: len(task.pids()) >= children + 1, 10):
         raise RuntimeError(f"task {task.id} did not start {children} children: {task.pids()}")
@@ -472,6 +623,16 @@ def remove_dirs(paths: list[str]) -> None:
             os.rmdir(path)
 
 
+def guard_events(settings: dict[str, str], event: str | None = None) -> list[dict[str, Any]]:
+    """runc-guard's ``--log``-independent event lines (delete, state_unreadable ...)."""
+    path = settings["RUNC_GUARD_LOG_FILE"]
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    return [e for e in lines if event is None or e.get("event") == event]
+
+
 def pending_records(settings: dict[str, str]) -> list[str]:
     directory = settings["RUNC_GUARD_PENDING_DIR"]
     return sorted(os.listdir(directory)) if os.path.isdir(directory) else []
@@ -528,37 +689,43 @@ class GuardedLab:
 
 @contextlib.contextmanager
 def guarded_containerd(
-    workdir: str, layout: str = HYBRID, journal_socket: str | None = None, **overrides: str
+    workdir: str, layout: str = HYBRID, journal_socket: str | None = None,
+    build: Build | None = None, runc: str | None = None, **overrides: str
 ) -> Iterator[GuardedLab]:
     """containerd whose environment carries runc-guard's settings (the shim inherits them).
 
     The settings file maps the aliases in ``<workdir>/bin`` to the stand-in
     wrapper and to crun, so one containerd serves every front-end combination.
+    ``runc`` (a path) becomes ``RUNC_GUARD_RUNTIME``: the runtime runc-guard fronts
+    (the stand-in wrapper then execs it too); ``build`` picks the containerd.
     """
     os.makedirs(os.path.join(workdir, "bin"), exist_ok=True)
     extra = dict(overrides)
     if journal_socket is not None:
         extra["RUNC_GUARD_JOURNAL_SOCKET"] = journal_socket
+    if runc is not None:
+        extra.setdefault("RUNC_GUARD_RUNTIME", runc)
     settings = guard_settings(workdir, **extra)
-    wrapper = write_wrapper(workdir)
+    wrapper = write_wrapper(workdir, runc or STOCK_RUNC)
     with open(settings["RUNC_GUARD_CONFIG"], "w") as f:
         f.write(f"[runtimes]\n{WRAPPER_ALIAS} = {json.dumps(wrapper)}\n"
                 f"{CRUN_ALIAS} = {json.dumps(CRUN)}\n")
     for alias in (WRAPPER_ALIAS, CRUN_ALIAS):
         with contextlib.suppress(FileExistsError):
             os.symlink(guard_binary(), os.path.join(workdir, "bin", alias))
-    with running_containerd(workdir, settings, layout) as lab:
+    with running_containerd(workdir, settings, layout, build) as lab:
         yield GuardedLab(lab, settings, workdir)
 
 
 @contextlib.contextmanager
 def guarded_containerd_in(
-    factory: Any, name: str, layout: str = HYBRID, journal_socket: str | None = None, **overrides: str
+    factory: Any, name: str, layout: str = HYBRID, journal_socket: str | None = None,
+    build: Build | None = None, runc: str | None = None, **overrides: str
 ) -> Iterator[GuardedLab]:
     """guarded_containerd in a fresh temp dir from pytest's ``tmp_path_factory``, removed afterwards."""
     workdir = str(factory.mktemp(name))
     try:
-        with guarded_containerd(workdir, layout, journal_socket, **overrides) as lab:
+        with guarded_containerd(workdir, layout, journal_socket, build, runc, **overrides) as lab:
             yield lab
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -305,6 +305,12 @@ class CraftedContainer:
     def state_path(self) -> str:
         return os.path.join(self.root, self.id, "state.json")
 
+    def runtime(self, body: str = "", status: int = 0) -> str:
+        """A stand-in runtime that deletes this container's state as runc does, runs ``body``,
+        then exits ``status``."""
+        path = os.path.join(os.path.dirname(self.root), f"fake-runtime-{uuid.uuid4().hex[:8]}")
+        return script(path, f"rm -rf {self.root}/{self.id}\n{body}\nexit {status}")
+
     def cleanup(self) -> None:
         # thaw first: a SIGKILLed process in a frozen cgroup cannot be reaped
         for d in self.dirs:
@@ -351,7 +357,9 @@ def crafted_container(workdir: str, init_pid: int = 1) -> Iterator[CraftedContai
                     "init_process_pid": init_pid,
                     "init_process_start": 1,
                     "cgroup_paths": paths,
-                    "config": {"cgroups": {"path": relative}},
+                    # A host-PID container (no NEWPID), as runc writes it: its
+                    # stragglers are runc's, and so runc-guard's, to kill.
+                    "config": {"cgroups": {"path": relative}, "namespaces": [{"type": "NEWNS", "path": ""}]},
                 },
                 f,
             )

@@ -41,8 +41,8 @@ def test_runc_guard_leaves_no_cgroup_bundle_or_record(
                     if r.startswith(crash.task_id + "@")]
         stats = cl.delete_stats(guarded.settings)[before:]
         assert [s["outcome"] for s in stats] == ["removed"]
-        # It had to wait for the held children and remove every hierarchy's directory.
+        # It had to wait for the held children *before* runc ran (init was dead), so
+        # runc's own removal succeeded, the nested cgroups included.
         assert int(str(stats[0]["waited_ms"])) > 0
-        assert int(str(stats[0]["removed"])) >= 9  # runc itself removes the empty nested ones
     finally:
         cl.remove_dirs(crash.left)

@@ -22,6 +22,12 @@ VALUE_FLAGS = frozenset({"root", "log", "log-format", "criu", "rootless"})
 #: Global flags that are booleans (``--debug`` / ``--debug=false``).
 BOOL_FLAGS = frozenset({"debug", "systemd-cgroup", "help", "h", "version", "v"})
 
+#: Global flags urfave/cli acts on before any subcommand runs: runc prints its help or
+#: version and exits 0, so ``runc --version delete x`` deletes nothing.
+HELP_VERSION_FLAGS = ("help", "h", "version", "v")
+#: strconv.ParseBool's false spellings; anything else set on those flags is not "off".
+_FALSE = frozenset({"0", "f", "F", "false", "FALSE", "False"})
+
 #: runc's default state root when ``--root`` is absent (runc 1.1 main.go, as root).
 DEFAULT_ROOT = "/run/runc"
 
@@ -96,8 +102,30 @@ class Invocation:
 
     @property
     def is_delete(self) -> bool:
-        """True when runc-guard must interpose: a ``delete`` of exactly one valid id."""
-        return self.subcommand == "delete" and self.container_id is not None
+        """True when runc-guard must interpose: a ``delete`` of exactly one valid id.
+
+        Not when ``-h/--help/-v/--version`` stands before the subcommand: runc
+        then only prints and exits, and so must runc-guard (pure passthrough).
+        """
+        if self.subcommand != "delete" or self.container_id is None:
+            return False
+        return all(self.globals.get(flag, "false") in _FALSE for flag in HELP_VERSION_FLAGS)
+
+    @property
+    def systemd_cgroup(self) -> bool:
+        return self.globals.get("systemd-cgroup", "false") not in _FALSE
+
+    def global_args(self, *, with_log: bool = True) -> list[str]:
+        """Global flags to repeat on another runtime call for the same state root.
+
+        Rebuilt from the parsed values (``--root``, ``--systemd-cgroup``, ``--log``...),
+        in runc's ``--name=value`` form so no value can be taken for a subcommand.
+        """
+        out = []
+        for name in ("root", "log", "log-format", "rootless", "criu", "systemd-cgroup", "debug"):
+            if name in self.globals and (with_log or name not in ("log", "log-format")):
+                out.append(f"--{name}={self.globals[name]}")
+        return out
 
 
 def _split_flag(word: str) -> tuple[str, str | None] | None:

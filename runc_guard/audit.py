@@ -12,6 +12,7 @@ The verdict follows Node Problem Detector's custom-plugin protocol: exit 0 OK,
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,8 +22,11 @@ from typing import Any
 
 from runc_guard.cgroupfs import CgroupFsOps
 from runc_guard.discovery import Discovery, pod_uid_of
-from runc_guard.metrics import Gauge
+from runc_guard.metrics import Family
+from runc_guard.orphans import ORPHAN, VERDICTS
+from runc_guard.orphans import judge as judge_state
 from runc_guard.sweep import RuntimeDirs, decide, read_facts
+from runc_guard.systemd_scope import release_failed_scopes
 
 NPD_OK = 0
 NPD_PROBLEM = 1
@@ -57,7 +61,15 @@ class AuditReport:
     bundles_without_state: list[str] = field(default_factory=list)
     pending: list[dict[str, Any]] = field(default_factory=list)
     pending_errors: dict[str, str] = field(default_factory=dict)
+    #: Runtime state whose init is dead and that no bundle or shim owns (the sweep re-drives it).
+    orphaned_states: list[dict[str, Any]] = field(default_factory=list)
+    #: Orphaned state whose cgroup paths are unsafe to act on.
+    state_errors: dict[str, str] = field(default_factory=dict)
+    #: Every runtime state directory looked at, by verdict (alive, bundle, shim, too_young, orphan ...).
+    state_verdicts: dict[str, int] = field(default_factory=dict)
     runtime: dict[str, str] = field(default_factory=dict)
+    #: systemd driver: failed container scope units (sweep entries: would_reset_failed / kept:<reason>).
+    failed_scopes: list[dict[str, Any]] = field(default_factory=list)
     status: str = "ok"
     message: str = ""
 
@@ -139,16 +151,40 @@ def audit(
     report.states_without_bundle = sorted(states - bundles)
     report.bundles_without_state = sorted(bundles - states)
     for record, (cid, created) in sorted(discovery.records.items()):
-        report.pending.append(
-            {"record": record, "container_id": cid, "age_seconds": round(now - created, 1)}
-        )
+        report.pending.append({"record": record, "container_id": cid, "age_seconds": round(now - created, 1)})
     report.pending_errors = dict(discovery.record_errors)
+    for state in discovery.states:
+        state_verdict = judge_state(state, now, min_age)
+        report.state_verdicts[state_verdict] = report.state_verdicts.get(state_verdict, 0) + 1
+        if state_verdict == ORPHAN:
+            report.orphaned_states.append(
+                {
+                    "container_id": state.state.container_id,
+                    "state_dir": state.state.path,
+                    "namespace": state.state.namespace,
+                    "kind": state.kind,
+                    "init_pid": state.init_pid,
+                    "age_seconds": round(now - state.modified, 1),
+                }
+            )
+    report.state_errors = dict(discovery.state_errors)
+    report.failed_scopes = release_failed_scopes(
+        runtime.has_state, runtime.has_bundle, report.hierarchies, fs.read_procs, dry_run=True
+    )
     return report
 
 
-def judge(report: AuditReport, max_leaked: int, pending_max_age: float) -> int:
-    """Set ``status``/``message`` (one short line for NPD) and return the NPD exit code."""
+def judge(
+    report: AuditReport, max_leaked: int, pending_max_age: float, config_error: str | None = None
+) -> int:
+    """Set ``status``/``message`` (one short line for NPD) and return the NPD exit code.
+
+    An invalid settings file is a problem too (it names the key): fleet-wide, and
+    the delete path only reports it once per version of the file.
+    """
     problems: list[str] = []
+    if config_error:
+        problems.append(f"invalid settings: {config_error}")
     if report.leaked_containers > max_leaked:
         top = report.leaked_pods[0]
         problems.append(
@@ -160,6 +196,15 @@ def judge(report: AuditReport, max_leaked: int, pending_max_age: float) -> int:
         problems.append(f"{len(stale)} pending record(s) older than {pending_max_age:g}s")
     if report.pending_errors:
         problems.append(f"{len(report.pending_errors)} unusable pending record(s)")
+    if report.orphaned_states:
+        problems.append(
+            f"{len(report.orphaned_states)} orphaned runtime state(s) (init dead, no bundle, no shim)"
+        )
+    if report.state_errors:
+        problems.append(f"{len(report.state_errors)} orphaned state(s) naming unsafe cgroups")
+    orphan_scopes = [s for s in report.failed_scopes if s["action"] == "would_reset_failed"]
+    if orphan_scopes:
+        problems.append(f"{len(orphan_scopes)} failed scope unit(s) of gone containers")
     if problems:
         report.status = "problem"
         report.message = "CgroupLeak: " + "; ".join(problems)
@@ -167,40 +212,113 @@ def judge(report: AuditReport, max_leaked: int, pending_max_age: float) -> int:
     report.status = "ok"
     report.message = (
         f"OK: {report.leaked_containers} leaked of {report.containers} container cgroups, "
-        f"{len(report.pending)} pending record(s)"
+        f"{len(report.pending)} pending record(s), 0 orphaned runtime states"
     )
     return NPD_OK
 
 
-def gauges(report: AuditReport, now: float) -> list[Gauge]:
-    """The audit's figures as Prometheus gauges (fresh every run, so never stored)."""
+def _version_of(line: str) -> str:
+    """``runc version 1.1.5`` -> ``1.1.5``; ``crun version 1.8.1`` -> ``1.8.1``; else the line."""
+    match = re.search(r"\bversion\s+v?([0-9][0-9A-Za-z.+~-]*)", line)
+    return match.group(1) if match else line
+
+
+def families(report: AuditReport, now: float) -> list[Family]:
+    """The audit's figures as Prometheus gauge families (fresh every run, so never stored)."""
     oldest = max((p["age_seconds"] for p in report.pending), default=0.0)
     out = [
-        Gauge("runc_guard_leaked_containers", "Leaked container cgroups (what a sweep would remove).",
-              report.leaked_containers),
-        Gauge("runc_guard_leaked_cgroup_dirs", "Directories of leaked container cgroups, all hierarchies.",
-              report.leaked_dirs),
-        Gauge("runc_guard_leaked_pods", "Pods with at least one leaked container cgroup.",
-              len(report.leaked_pods)),
-        Gauge("runc_guard_leaked_containers_max_per_pod", "Leaked containers in the worst pod.",
-              report.leaked_pods[0].containers if report.leaked_pods else 0),
-        Gauge("runc_guard_container_cgroups", "Container cgroups found under kubepods.",
-              report.containers),
-        Gauge("runc_guard_pending_records", "Pending records the shim left for the sweep.",
-              len(report.pending)),
-        Gauge("runc_guard_pending_oldest_age_seconds", "Age of the oldest pending record.", oldest),
-        Gauge("runc_guard_pending_record_errors", "Pending records that cannot be used.",
-              len(report.pending_errors)),
-        Gauge("runc_guard_runtime_states_without_bundle", "runc state ids with no containerd bundle.",
-              len(report.states_without_bundle)),
-        Gauge("runc_guard_bundles_without_runtime_state", "containerd bundles with no runc state.",
-              len(report.bundles_without_state)),
-        Gauge("runc_guard_audit_ok", "1 when the last audit found no problem.",
-              1 if report.status == "ok" else 0),
-        Gauge("runc_guard_audit_timestamp_seconds", "When the last audit ran.", round(now, 3)),
+        Family.one(
+            "runc_guard_leaked_containers",
+            "Leaked container cgroups (what a sweep would remove).",
+            report.leaked_containers,
+        ),
+        Family.one(
+            "runc_guard_leaked_cgroup_dirs",
+            "Directories of leaked container cgroups, all hierarchies.",
+            report.leaked_dirs,
+        ),
+        Family.one(
+            "runc_guard_leaked_pods",
+            "Pods with at least one leaked container cgroup.",
+            len(report.leaked_pods),
+        ),
+        Family.one(
+            "runc_guard_leaked_containers_max_per_pod",
+            "Leaked containers in the worst pod.",
+            report.leaked_pods[0].containers if report.leaked_pods else 0,
+        ),
+        Family.one(
+            "runc_guard_container_cgroups", "Container cgroups found under kubepods.", report.containers
+        ),
+        Family.one(
+            "runc_guard_pending_records", "Pending records the shim left for the sweep.", len(report.pending)
+        ),
+        Family.one(
+            "runc_guard_pending_oldest_age_seconds", "Age of the oldest pending record (0: none).", oldest
+        ),
+        Family.one(
+            "runc_guard_pending_record_errors",
+            "Pending records that cannot be used.",
+            len(report.pending_errors),
+        ),
+        Family.one(
+            "runc_guard_orphaned_runtime_states",
+            "Runtime states with a dead init, no bundle and no live shim (the sweep re-drives them).",
+            len(report.orphaned_states),
+        ),
+        Family.one(
+            "runc_guard_orphaned_state_errors",
+            "Orphaned runtime states naming unsafe cgroup paths.",
+            len(report.state_errors),
+        ),
+        Family.one(
+            "runc_guard_runtime_states_without_bundle",
+            "runc state ids with no containerd bundle.",
+            len(report.states_without_bundle),
+        ),
+        Family.one(
+            "runc_guard_bundles_without_runtime_state",
+            "containerd bundles with no runc state.",
+            len(report.bundles_without_state),
+        ),
+        Family.one(
+            "runc_guard_audit_ok",
+            "1 when the last audit found no problem.",
+            1 if report.status == "ok" else 0,
+        ),
+        Family.one("runc_guard_audit_timestamp_seconds", "When the last audit ran.", round(now, 3)),
     ]
-    if report.runtime.get("path"):
-        out.append(Gauge("runc_guard_runtime_info", "The runtime runc-guard fronts.", 1,
-                         {"path": report.runtime["path"],
-                          "version": report.runtime.get("version", "")}))
+    pods = tuple(
+        ((("pod", p.pod), ("pod_uid", p.pod_uid or "")), float(p.containers)) for p in report.leaked_pods
+    )
+    pod_dirs = tuple(
+        ((("pod", p.pod), ("pod_uid", p.pod_uid or "")), float(p.dirs)) for p in report.leaked_pods
+    )
+    out.append(Family("runc_guard_pod_leaked_containers", "Leaked container cgroups per pod.", pods))
+    out.append(Family("runc_guard_pod_leaked_cgroup_dirs", "Leaked cgroup directories per pod.", pod_dirs))
+    verdicts = tuple(
+        ((("verdict", verdict),), float(report.state_verdicts.get(verdict, 0))) for verdict in VERDICTS
+    )
+    out.append(
+        Family("runc_guard_runtime_states", "Runtime state directories by what the audit judged.", verdicts)
+    )
+    runtime = report.runtime
+    if runtime.get("name") or runtime.get("path"):
+        out.append(
+            Family.one(
+                "runc_guard_runtime_info",
+                "The runtime runc-guard fronts (value 1).",
+                1,
+                name=runtime.get("name", ""),
+                path=runtime.get("path", ""),
+                version=_version_of(runtime.get("version", "")),
+            )
+        )
+    out.append(
+        Family.one(
+            "runc_guard_runtime_found",
+            "1 when the fronted runtime was found and ran.",
+            0 if "error" in runtime or not runtime.get("path") else 1,
+        )
+    )
     return out

@@ -32,6 +32,7 @@ class CgroupFsOps(Protocol):
     def children(self, path: str) -> list[str]: ...
     def read_procs(self, path: str) -> list[int]: ...
     def pid_alive(self, pid: int) -> bool: ...
+    def pid_dying(self, pid: int) -> bool: ...
     def kill_if_member(self, pid: int, path: str) -> bool: ...
     def rmdir(self, path: str) -> None: ...
     def wait_for_change(self, paths: Iterable[str], timeout: float, event_timeout: float) -> None: ...
@@ -73,10 +74,20 @@ class RealCgroupFs:
         return os.path.lexists(path)
 
     def children(self, path: str) -> list[str]:
-        """Child cgroup directories (never following symlinks); [] when ``path`` is gone."""
+        """Child cgroup directories; [] when ``path`` is gone.
+
+        Never follows a symlink and never crosses a mount point: a directory on
+        another device (something mounted inside the cgroup tree) is not a child
+        cgroup, and nothing below it is ours to signal or remove.
+        """
         try:
+            device = os.lstat(path).st_dev
             with os.scandir(path) as it:
-                return [e.path for e in it if e.is_dir(follow_symlinks=False)]
+                return [
+                    e.path
+                    for e in it
+                    if e.is_dir(follow_symlinks=False) and e.stat(follow_symlinks=False).st_dev == device
+                ]
         except (FileNotFoundError, NotADirectoryError):
             return []
 
@@ -92,7 +103,12 @@ class RealCgroupFs:
         return [int(x) for x in data.split()]
 
     def pid_alive(self, pid: int) -> bool:
-        """kill(pid, 0): ESRCH means gone; EPERM still means it exists."""
+        """kill(pid, 0): ESRCH means gone; EPERM still means it exists.
+
+        pid <= 0 would address a process group (kill(0, 0) is our own): never asked.
+        """
+        if pid <= 0:
+            return False
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
@@ -101,6 +117,12 @@ class RealCgroupFs:
             return True
         return True
 
+    def pid_dying(self, pid: int) -> bool:
+        """Exiting, a zombie, gone, or with SIGKILL pending (see procinfo.dying)."""
+        from runc_guard.procinfo import dying
+
+        return dying(pid)
+
     def kill_if_member(self, pid: int, path: str) -> bool:
         """SIGKILL ``pid`` only if it provably is in cgroup ``path``; True if signalled.
 
@@ -108,7 +130,10 @@ class RealCgroupFs:
         successful ``pidfd_send_signal(fd, 0)`` afterwards shows that process was
         still alive, so the pid we found in ``cgroup.procs`` was that process and
         not a recycled number. Only then does SIGKILL go through the same pidfd.
+        pid <= 0 is never a process (0 is one outside our PID namespace).
         """
+        if pid <= 0:
+            return False
         try:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:

@@ -1,12 +1,18 @@
-"""Wait until a container's cgroups are empty, then remove them leaf-first.
+"""Wait until a container's cgroups are empty, then (optionally) remove them leaf-first.
 
 runc 1.1 gives up after ~150 ms (v1) or one try (v2) while a memcg OOM teardown
 takes ~2 s. Here nothing is a fixed retry count: each attempt re-reads every
 directory of the container (and any child cgroup below it), removes what is
 empty, and the only limit is the deadline. Between attempts we sleep on
 ``cgroup.events`` where the kernel offers it (see CgroupFs.wait_for_change).
-Following runc's RemovePath: ENOENT is success, children go first, and only
-EBUSY is worth retrying; anything else fails fast.
+The loop follows runc's RemovePath: ENOENT is success, children go first, and
+only EBUSY is worth retrying; anything else fails fast.
+
+What may be killed is the caller's decision (``may_kill``): runc's own destroy
+SIGKILLs the cgroup's processes only for a container without a private PID
+namespace. In a private namespace the kernel kills everything once init dies,
+so every process still inside should be dying; one that stays alive and
+un-signalled is not the container's (``watch_foreign``) and the delete steps aside.
 """
 
 from __future__ import annotations
@@ -17,11 +23,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from runc_guard.cgroupfs import CgroupFsOps
-from runc_guard.errors import CgroupBusy, CgroupRemovalFailed
+from runc_guard.errors import CgroupBusy, CgroupRemovalFailed, ForeignProcess
 
 #: Longest sleep while a cgroup2 ``cgroup.events`` can wake us: the event is the
 #: real signal, this only bounds the damage if a process left the unified tree.
 EVENT_WAIT = 0.25
+#: A process in a private-PID-namespace container's cgroup that is seen alive and
+#: not dying this many times, over at least FOREIGN_AFTER seconds, is not the
+#: container's: the kernel's zap of the namespace would have SIGKILLed it.
+FOREIGN_STRIKES = 3
+FOREIGN_AFTER = 0.2
+#: rmdir errors that waiting can fix. EBUSY: a child not removed yet, or the kernel
+#: not done with the last exit. ENODEV: the cgroup is being torn down.
+_RETRYABLE = (errno.EBUSY, errno.ENODEV, errno.EINTR)
 
 
 @dataclass
@@ -34,14 +48,6 @@ class CleanupReport:
     killed: list[int] = field(default_factory=list)
     #: Directories still present at the end -> live pids found in them.
     remaining: dict[str, tuple[int, ...]] = field(default_factory=dict)
-
-
-class _StillBusy(Exception):
-    """One attempt left directories behind; tenacity retries on exactly this."""
-
-    def __init__(self, remaining: dict[str, tuple[int, ...]]) -> None:
-        super().__init__(f"{len(remaining)} cgroup(s) remain")
-        self.remaining = remaining
 
 
 def subtree_leaf_first(root: str, fs: CgroupFsOps) -> list[str]:
@@ -58,40 +64,114 @@ def subtree_leaf_first(root: str, fs: CgroupFsOps) -> list[str]:
     return order
 
 
-def _live_pids(path: str, fs: CgroupFsOps) -> tuple[int, ...]:
-    return tuple(pid for pid in fs.read_procs(path) if fs.pid_alive(pid))
+def live_pids(path: str, fs: CgroupFsOps) -> tuple[int, ...]:
+    """Live pids in ``path``. A 0 is a process outside our PID namespace (cgroup v2):
+    it keeps the cgroup populated but can never be signalled or looked up."""
+    return tuple(pid for pid in fs.read_procs(path) if pid <= 0 or fs.pid_alive(pid))
 
 
 def attempt_removal(
-    roots: Sequence[str], fs: CgroupFsOps, report: CleanupReport, kill: bool
+    roots: Sequence[str], fs: CgroupFsOps, report: CleanupReport, kill: bool, remove: bool = True
 ) -> dict[str, tuple[int, ...]]:
-    """One pass over every directory; returns what is left (path -> live pids)."""
+    """One pass over every directory; returns what is left (path -> live pids).
+
+    With ``remove=False`` nothing is removed: an empty directory is simply done.
+    """
     remaining: dict[str, tuple[int, ...]] = {}
     for root in roots:
         for path in subtree_leaf_first(root, fs):
-            pids = _live_pids(path, fs)
+            pids = live_pids(path, fs)
             if pids:
                 if kill:
                     for pid in pids:
-                        if pid not in report.killed and fs.kill_if_member(pid, path):
+                        if pid > 0 and pid not in report.killed and fs.kill_if_member(pid, path):
                             report.killed.append(pid)
                 remaining[path] = pids
+                continue
+            if not remove:
                 continue
             try:
                 fs.rmdir(path)
             except FileNotFoundError:
                 continue  # gone already: runc's RemovePath treats ENOENT as success too
             except OSError as exc:
-                # EBUSY: a child we could not remove yet, or the kernel not done
-                # with the last exit. ENODEV: the cgroup is being torn down.
-                if exc.errno not in (errno.EBUSY, errno.ENODEV, errno.EINTR):
+                if exc.errno not in _RETRYABLE:
                     raise CgroupRemovalFailed(
-                        path, errno.errorcode.get(exc.errno or 0, "?"), exc.strerror or ""
+                        path, errno.errorcode.get(exc.errno or 0, "?"), exc.strerror or "", report
                     ) from exc
                 remaining[path] = ()
                 continue
             report.removed.append(path)
     return remaining
+
+
+class _ForeignWatch:
+    """Counts how long each live, un-signalled pid has been seen (private PID namespace only)."""
+
+    def __init__(self, fs: CgroupFsOps, clock: Callable[[], float]) -> None:
+        self.fs = fs
+        self.clock = clock
+        self.first_seen: dict[int, float] = {}
+        self.strikes: dict[int, int] = {}
+
+    def check(self, remaining: dict[str, tuple[int, ...]]) -> tuple[str, int] | None:
+        """The first (path, pid) that has proven not to be the container's, else None."""
+        now = self.clock()
+        for path, pids in remaining.items():
+            for pid in pids:
+                if pid <= 0 or self.fs.pid_dying(pid):
+                    self.strikes.pop(pid, None)
+                    continue
+                self.strikes[pid] = self.strikes.get(pid, 0) + 1
+                first = self.first_seen.setdefault(pid, now)
+                if self.strikes[pid] >= FOREIGN_STRIKES and now - first >= FOREIGN_AFTER:
+                    return path, pid
+        return None
+
+
+def drain(
+    roots: Sequence[str],
+    fs: CgroupFsOps,
+    deadline: float,
+    poll_interval: float,
+    *,
+    may_kill: bool,
+    remove: bool = True,
+    watch_foreign: bool = False,
+    clock: Callable[[], float] = time.monotonic,
+) -> CleanupReport:
+    """Wait until ``roots`` (and their subtrees) are empty, removing them if ``remove``.
+
+    A plain deadline loop, as runc's RemovePath: attempt, and while anything is
+    left, sleep until a cgroup changes or a poll interval passes. At least one
+    attempt is made even when the deadline has already passed. Raises CgroupBusy
+    at the deadline, CgroupRemovalFailed on an error waiting cannot fix, and
+    ForeignProcess when ``watch_foreign`` finds a process that is not dying;
+    each carries the CleanupReport.
+    """
+    report = CleanupReport()
+    started = clock()
+    watch = _ForeignWatch(fs, clock) if watch_foreign else None
+    while True:
+        report.attempts += 1
+        try:
+            remaining = attempt_removal(roots, fs, report, may_kill, remove)
+        finally:
+            report.waited_ms = int((clock() - started) * 1000)
+        report.remaining = remaining
+        if not remaining:
+            return report
+        if watch is not None:
+            foreign = watch.check(remaining)
+            if foreign is not None:
+                raise ForeignProcess(foreign[0], foreign[1], report)
+        now = clock()
+        if now >= deadline:
+            path, pids = max(remaining.items(), key=lambda item: len(item[1]))
+            raise CgroupBusy(path, pids, report.waited_ms, report)
+        populated = [path for path, pids in remaining.items() if pids]
+        sleep = max(0.0, min(poll_interval, deadline - now))
+        fs.wait_for_change(populated, sleep, max(sleep, min(EVENT_WAIT, deadline - now)))
 
 
 def remove_cgroups(
@@ -102,65 +182,5 @@ def remove_cgroups(
     kill_stragglers: bool,
     clock: Callable[[], float] = time.monotonic,
 ) -> CleanupReport:
-    """Remove ``roots`` (and their subtrees) by ``deadline`` (a ``clock`` time).
-
-    Raises CgroupBusy at the deadline and CgroupRemovalFailed on a non-retryable
-    error; in both cases ``exc.report`` carries the CleanupReport. At least one
-    attempt is made even when the deadline has already passed.
-    """
-    report = CleanupReport()
-    started = clock()
-    waiting_on: list[str] = []
-
-    def one_attempt() -> None:
-        report.attempts += 1
-        remaining = attempt_removal(roots, fs, report, kill_stragglers)
-        report.remaining = remaining
-        if remaining:
-            waiting_on[:] = [p for p, pids in remaining.items() if pids]
-            raise _StillBusy(remaining)
-
-    def sleep(seconds: float) -> None:
-        event_wait = max(seconds, min(EVENT_WAIT, deadline - clock()))
-        fs.wait_for_change(waiting_on, seconds, event_wait)
-
-    def wait_time(_state: object = None) -> float:
-        return max(0.0, min(poll_interval, deadline - clock()))
-
-    def past_deadline(_state: object = None) -> bool:
-        return clock() >= deadline
-
-    def keep_trying() -> None:
-        """Attempts 2..n. Only a cgroup that is still busy pays for tenacity's import
-        (~15 ms); a clean delete, the common case, is done after one attempt."""
-        from tenacity import Retrying, retry_if_exception_type
-
-        if past_deadline():
-            raise _StillBusy(report.remaining)
-        sleep(wait_time())
-        retrying = Retrying(
-            retry=retry_if_exception_type(_StillBusy),
-            stop=past_deadline,
-            wait=wait_time,
-            sleep=sleep,
-            reraise=True,
-        )
-        retrying(one_attempt)
-
-    try:
-        try:
-            one_attempt()
-        except _StillBusy:
-            keep_trying()
-    except _StillBusy as exc:
-        report.waited_ms = int((clock() - started) * 1000)
-        path, pids = max(exc.remaining.items(), key=lambda item: len(item[1]))
-        busy = CgroupBusy(path, pids, report.waited_ms)
-        busy.report = report
-        raise busy from None
-    except CgroupRemovalFailed as exc:
-        report.waited_ms = int((clock() - started) * 1000)
-        exc.report = report
-        raise
-    report.waited_ms = int((clock() - started) * 1000)
-    return report
+    """Wait for and remove ``roots`` by ``deadline``; see :func:`drain`."""
+    return drain(roots, fs, deadline, poll_interval, may_kill=kill_stragglers, clock=clock)

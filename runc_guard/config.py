@@ -19,9 +19,13 @@ from runc_guard.errors import ConfigError
 from runc_guard.settings_file import cache_dir, config_path, read_settings_file
 
 #: containerd gives the dead-shim cleanup (the shim's whole ``delete``, runc
-#: included) 5 s by default (io.containerd.timeout.shim.cleanup). 3 s leaves the
-#: shim time to unmount the rootfs and remove the bundle after we return.
-DEFAULT_DELETE_TIMEOUT = 3.0
+#: included) 5 s by default (io.containerd.timeout.shim.cleanup), counted from
+#: the shim's start; runc-guard counts from its own process start. 4 s leaves the
+#: shim ~1 s to unmount the rootfs after we return, and is what a 3-4 s teardown
+#: needs: under the systemd driver stock runc waits on systemd's stop job and
+#: finishes such teardowns inside containerd's 5 s, so a shorter deadline would
+#: leave more behind than the runtime alone (measured in the systemd lab).
+DEFAULT_DELETE_TIMEOUT = 4.0
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -39,6 +43,9 @@ class Settings:
     log_level: str = "info"
     kill_stragglers: bool = True
     stats_file: str = "/run/runc-guard/deletes.jsonl"
+    #: fnmatch patterns (``{id}`` = the container id) of cgroup names that belong to a
+    #: container, besides the id itself and ``<prefix>-<id>.scope`` (paths.names_container).
+    container_cgroup_patterns: tuple[str, ...] = ()
     source: str = field(default="(defaults)", compare=False)
 
     def as_dict(self) -> dict[str, Any]:
@@ -89,6 +96,19 @@ def _to_runtimes(value: object) -> dict[str, str]:
     return dict(value)
 
 
+def _to_patterns(value: object) -> tuple[str, ...]:
+    if isinstance(value, str):  # RUNC_GUARD_CONTAINER_CGROUP_PATTERNS="a-{id},b-{id}.scope"
+        value = [item for item in value.split(",") if item]
+    if not isinstance(value, list) or not all(
+        isinstance(p, str) and "{id}" in p and "/" not in p for p in value
+    ):
+        raise ConfigError(
+            "container_cgroup_patterns: expected a list of names with {id},"
+            f' like ["ctr-{{id}}"], got {value!r}'
+        )
+    return tuple(value)
+
+
 def _convert(key: str, value: object) -> object:
     if key in ("delete_timeout",):
         return _to_seconds(key, value, 0.0, 600.0)
@@ -100,6 +120,8 @@ def _convert(key: str, value: object) -> object:
         return _to_bool(key, value)
     if key == "runtimes":
         return _to_runtimes(value)
+    if key == "container_cgroup_patterns":
+        return _to_patterns(value)
     if key == "log_level":
         if not isinstance(value, str) or value.lower() not in LOG_LEVELS:
             raise ConfigError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
@@ -111,25 +133,43 @@ def _convert(key: str, value: object) -> object:
     raise AssertionError(key)
 
 
-def settings_from(raw: Mapping[str, object], environ: Mapping[str, str], source: str) -> Settings:
-    """Validate ``raw`` (the file) and overlay ``RUNC_GUARD_<KEY>`` variables."""
-    unknown = sorted(set(raw) - set(_KEYS))
-    if unknown:
-        raise ConfigError(f"{source}: unknown setting(s): {', '.join(unknown)}")
+def lenient_settings(
+    raw: Mapping[str, object], environ: Mapping[str, str], source: str
+) -> tuple[Settings, list[str]]:
+    """Every valid key applied, every problem listed: what the delete path runs with.
+
+    A typo or a bad value on a fleet must never change how a delete ends, so an
+    invalid key keeps its default and the problem is reported (journal once per
+    file version, metrics, doctor, audit) instead of failing every delete.
+    """
+    problems = [f"{source}: unknown setting {key!r}" for key in sorted(set(raw) - set(_KEYS))]
     values: dict[str, object] = {}
     for key, value in raw.items():
+        if key not in _KEYS:
+            continue
         try:
             values[key] = _convert(key, value)
         except ConfigError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
+            problems.append(f"{source}: {exc}")
     for key in _KEYS:
         env_value = environ.get(f"RUNC_GUARD_{key.upper()}")
         if env_value is not None and env_value != "":
             try:
                 values[key] = _convert(key, env_value)
             except ConfigError as exc:
-                raise ConfigError(f"RUNC_GUARD_{key.upper()}: {exc}") from None
-    return Settings(**values, source=source)  # type: ignore[arg-type]
+                problems.append(f"RUNC_GUARD_{key.upper()}: {exc}")
+    return Settings(**values, source=source), problems  # type: ignore[arg-type]
+
+
+def settings_from(raw: Mapping[str, object], environ: Mapping[str, str], source: str) -> Settings:
+    """Validate ``raw`` (the file) and overlay ``RUNC_GUARD_<KEY>`` variables; the first problem raises.
+
+    For the admin tool, which must refuse to act on settings it cannot honour.
+    """
+    settings, problems = lenient_settings(raw, environ, source)
+    if problems:
+        raise ConfigError(problems[0] if len(problems) == 1 else "; ".join(problems))
+    return settings
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
@@ -142,3 +182,20 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         raise ConfigError(f"cannot use settings file {path}: {exc}") from exc
     source = path if os.path.exists(path) else f"{path} (absent: defaults)"
     return settings_from(raw, env, source)
+
+
+def load_settings_leniently(environ: Mapping[str, str] | None = None) -> tuple[Settings, list[str]]:
+    """Like :func:`load_settings`, but every problem is listed instead of raised.
+
+    For the node tools that must still report (audit, metrics, doctor) when the
+    settings file is broken: valid keys apply, the rest keep their defaults.
+    """
+    env = os.environ if environ is None else environ
+    path = config_path(env)
+    try:
+        raw = read_settings_file(path, cache_dir(env))
+        problems: list[str] = []
+    except (OSError, ValueError) as exc:
+        raw, problems = {}, [f"cannot use settings file {path}: {exc}"]
+    settings, more = lenient_settings(raw, env, path)
+    return settings, problems + more

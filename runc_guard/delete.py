@@ -1,55 +1,104 @@
-"""The interposed ``delete``: record, run the real delete, then make sure the cgroups are gone.
+"""The interposed ``delete``: decide from facts, run the real delete, make sure the cgroups go.
 
-Order matters (DESIGN.md §2): the cgroup paths are read from runc's state and
-recorded durably *before* the runtime runs, because the runtime removes its
-state and go-runc may SIGKILL us at its deadline. Then the real delete runs as
-a child; its failure is returned unchanged. Only after it succeeded do we wait
-for and remove the cgroups; a failure is reported where containerd looks
-(stderr, the ``--log`` file) and in the journal, and the record stays for the
-sweep. One canonical log entry per delete says what happened.
+The facts (DESIGN.md §2): is the container's init alive (pid + start time)?
+Are its cgroups provably its own? Did the runtime keep its state? Is a cgroup
+merely busy? Then, within one deadline that also bounds the runtime child:
+
+* init already gone (the dead-shim path, every delete after an exit): wait for
+  the cgroups to empty first, killing stragglers only where the runtime itself
+  would, so that the runtime's own removal succeeds on every version; then run it;
+* init alive (``delete --force`` of a running container): the runtime kills it;
+* the runtime failed and kept its state because a cgroup was busy (runc >= 1.2):
+  wait, and re-run its delete;
+* then remove what is left, leaf-first.
+
+The cgroup paths are recorded durably before anything runs, so whatever the
+deadline leaves is finished by the next delete of the same id or by the sweep.
+Paths that are not provably the container's own make runc-guard step aside:
+the runtime runs unchanged and runc-guard kills and removes nothing itself. A
+delete of a CRI sandbox also finishes the pod's other containers whose init is
+dead (containerd's dead-shim cleanup only ever deletes the sandbox).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn
 
 from runc_guard import runclog
 from runc_guard.argv import Invocation
-from runc_guard.cgroupfs import RealCgroupFs, cgroup_mounts
-from runc_guard.cleanup import CleanupReport, remove_cgroups
-from runc_guard.config import Settings, settings_from
+from runc_guard.cgroupfs import CgroupFsOps, RealCgroupFs, cgroup_mounts
+from runc_guard.cleanup import CleanupReport, drain, live_pids
+from runc_guard.config import Settings, lenient_settings
 from runc_guard.errors import (
-    EXIT_CONFIG,
+    EXIT_CGROUP_BUSY,
     EXIT_INTERNAL,
     CgroupBusy,
     CgroupRemovalFailed,
-    ConfigError,
+    ForeignProcess,
     Interrupted,
+    RuntimeDeadline,
+    StateMissing,
     StateUnreadable,
     UnsafeCgroupPath,
 )
 from runc_guard.logs import make_logger
-from runc_guard.paths import check_container_paths
-from runc_guard.pending import PendingRecord, remove_record, write_record
-from runc_guard.runtime import run_runtime_child
-from runc_guard.settings_file import config_path
-from runc_guard.state import read_state, runtime_state_exists
+from runc_guard.paths import check_container_paths, check_path
+from runc_guard.pending import (
+    BUSY,
+    PendingRecord,
+    claim,
+    find_record,
+    record_path,
+    remove_record,
+    write_record,
+)
+from runc_guard.procinfo import init_alive, start_wall_time, started_monotonic
+from runc_guard.runtime import RuntimeRun, run_runtime_child
+from runc_guard.settings_file import cache_dir, config_path, first_report
+from runc_guard.state import (
+    PID_HOST,
+    PID_JOINED,
+    PID_PRIVATE,
+    ContainerState,
+    read_state,
+    runtime_state_exists,
+)
 
 PROG = "runc-guard"
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: Re-runs of the runtime's delete after it failed on a busy cgroup and kept its state.
+MAX_RUNTIME_RERUNS = 3
+
+
+class Outcome(Exception):
+    """How one delete ended: raised from deep inside, reported once by ``run``."""
+
+    def __init__(self, outcome: str, status: int, reason: str = "", failed: bool = False) -> None:
+        super().__init__(reason or outcome)
+        self.outcome = outcome
+        self.status = status
+        self.reason = reason
+        #: A failure of runc-guard's own (stderr, ``--log``), not the runtime's status passed on.
+        self.failed = failed
 
 
 def _raise_interrupted(signum: int, _frame: object) -> None:
     raise Interrupted(signum, signal.Signals(signum).name)
 
 
+def _note_only(_signum: int, _frame: object) -> None:
+    """While reporting, a signal changes nothing: the verdict is already final."""
+
+
 class DeleteRun:
-    """One interposed delete: its settings, logger and canonical entry."""
+    """One interposed delete (and, for a CRI sandbox, its dead siblings)."""
 
     def __init__(
         self,
@@ -57,16 +106,25 @@ class DeleteRun:
         args: list[str],
         runtime: str,
         settings: Settings,
-        config_error: ConfigError | None,
+        *,
+        fs: CgroupFsOps | None = None,
+        mounts: Callable[[], Mapping[str, str]] = cgroup_mounts,
+        clock: Callable[[], float] = time.monotonic,
+        started: float | None = None,
     ) -> None:
+        assert invocation.container_id is not None
         self.invocation = invocation
         self.args = args
         self.runtime = runtime
         self.settings = settings
-        self.config_error = config_error
-        self.started = time.monotonic()
-        assert invocation.container_id is not None
+        self.fs: CgroupFsOps = fs or RealCgroupFs()
+        self.mounts = mounts
+        self.clock = clock
+        #: The deadline counts from the process start (``started``) when the caller knows it.
+        self.started = clock() if started is None else min(started, clock())
+        self.deadline = self.started + settings.delete_timeout
         self.container_id: str = invocation.container_id
+        self.root = os.path.abspath(invocation.root)
         self.log = make_logger(
             settings.journal_socket,
             settings.log_file,
@@ -82,7 +140,11 @@ class DeleteRun:
             "attempts": 0,
             "stragglers_killed": [],
             "removed": 0,
+            "runtime_runs": 0,
         }
+        self.record: str | None = None
+        #: runc-guard had to wait for (or kill) processes before the runtime could run.
+        self.waited = False
 
     # -- reporting -------------------------------------------------------------
 
@@ -92,81 +154,325 @@ class DeleteRun:
         sys.stderr.flush()
         runclog.append(self.invocation.log_path, "error", f"{PROG}: {message}", self.invocation.log_format)
 
-    def finish(self, outcome: str, exit_status: int, reason: str = "") -> int:
-        total_ms = int((time.monotonic() - self.started) * 1000)
-        entry = dict(self.canonical, outcome=outcome, exit_status=exit_status, total_ms=total_ms)
-        if reason:
-            entry["reason"] = reason
-        level = "info" if exit_status == 0 else "error"
-        getattr(self.log, level)("delete", **entry)
-        self._append_stats(outcome, entry)
-        return exit_status
+    def finish(self, end: Outcome, final: bool = True) -> int:
+        """The one canonical entry of this delete; the stats line for metrics.
 
-    def _append_stats(self, outcome: str, entry: dict[str, Any]) -> None:
-        """One small line per delete for ``runc-guardctl metrics`` to aggregate (no daemon)."""
-        line = json.dumps(
-            {
-                "time": round(time.time(), 3),
-                "outcome": outcome,
-                "waited_ms": entry["waited_ms"],
-                "removed": entry["removed"],
-                "killed": len(entry["stragglers_killed"]),
-            }
-        )
-        try:
-            os.makedirs(os.path.dirname(self.settings.stats_file), mode=0o755, exist_ok=True)
-            fd = os.open(
-                self.settings.stats_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644
-            )
-            try:
-                os.write(fd, line.encode() + b"\n")
-            finally:
-                os.close(fd)
-        except OSError:
-            pass
-
-    def verdict(self, status: int) -> int:
-        """Our own success still reports a broken settings file: fix it, it is fleet-wide."""
-        if status == 0 and self.config_error is not None:
-            self.fail(f"{self.config_error} (the delete itself used defaults and succeeded)")
-            return EXIT_CONFIG
-        return status
+        ``final``: the process's verdict is decided, so a signal may no longer change
+        it; a sandbox's sibling (not final) leaves the handlers to the sandbox's delete.
+        """
+        if final:
+            for sig in FORWARDED:
+                signal.signal(sig, _note_only)
+        if end.failed:
+            self.fail(end.reason)
+        total_ms = int((self.clock() - self.started) * 1000)
+        entry = dict(self.canonical, outcome=end.outcome, exit_status=end.status, total_ms=total_ms)
+        entry.update(_own_cost())
+        entry["pending_record"] = self.record if os.path.exists(self.record or "") else None
+        if end.reason:
+            entry["reason"] = end.reason
+        if end.outcome == "unknown":
+            self.log.debug("delete", **entry)  # nothing happened: no entry at info, no metric
+            return end.status
+        getattr(self.log, _level(end))("delete", **entry)
+        append_stats(self.settings.stats_file, end.outcome, entry)
+        return end.status
 
     # -- the delete ------------------------------------------------------------
 
-    def run(self) -> int:
-        if self.config_error is not None:
-            self.log.error("config_invalid", reason=str(self.config_error))
+    def run(self, early_signals: Sequence[int] = ()) -> int:
+        previous = {sig: signal.signal(sig, _raise_interrupted) for sig in FORWARDED}
         try:
-            state = read_state(self.invocation.root, self.container_id, cgroup_mounts)
+            try:
+                if early_signals:
+                    signum = early_signals[0]
+                    raise Interrupted(signum, signal.Signals(signum).name)
+                self._delete()
+            except Interrupted as exc:
+                reason = f"{exc}; recorded for runc-guardctl sweep"
+                raise Outcome("interrupted", exc.exit_code, reason, True) from None
+        except Outcome as end:
+            return self.finish(end)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        raise AssertionError("every delete ends with an Outcome")  # pragma: no cover
+
+    def _delete(self) -> None:
+        try:
+            state = read_state(self.invocation.root, self.container_id, self.mounts)
+        except StateMissing as exc:
+            self._without_state(str(exc))
         except StateUnreadable as exc:
+            # Not ours to judge: the runtime will say what it makes of its own state.
             self.log.warning("state_unreadable", reason=str(exc))
-            status = run_runtime_child(self.runtime, self.args)
-            return self.verdict(self.finish("no_state", status, str(exc)))
-        self.canonical["init_pid"] = state.init_pid
-        fs = RealCgroupFs()
+            run = self._run_runtime(None)
+            raise Outcome("no_state", run.status, str(exc)) from None
+        self._with_state(state)
+
+    def _run_runtime(self, deadline: float | None, args: Sequence[str] | None = None) -> RuntimeRun:
+        """One run of the runtime's delete; a forwarded signal ends the whole delete."""
+        self.canonical["runtime_runs"] += 1
+        run = run_runtime_child(self.runtime, self.args if args is None else args, deadline, self.clock)
+        self.canonical["runtime_ms"] = self.canonical.get("runtime_ms", 0) + run.waited_ms
+        if run.signalled is not None:
+            # The caller stopped us and so the runtime; its answer is our status.
+            name = signal.Signals(run.signalled).name
+            reason = f"interrupted by {name} while the runtime ran; recorded for runc-guardctl sweep"
+            raise Outcome("interrupted", run.status, reason, True)
+        if run.timed_out:
+            raise Outcome(
+                "deadline", EXIT_CGROUP_BUSY, str(RuntimeDeadline(self.runtime, run.waited_ms)), True
+            )
+        return run
+
+    def _without_state(self, reason: str) -> None:
+        """No state: finish a pending record if one is left, else this is a plain passthrough."""
+        with self._claim() as held:
+            if held == BUSY:
+                raise Outcome("deadline", EXIT_CGROUP_BUSY, self._busy_reason(), True)
+            record = find_record(self.settings.pending_dir, self.root, self.container_id)
+            if record is None:
+                raise Outcome("unknown", self._run_runtime(None).status, reason)
+            run = self._run_runtime(self.deadline)
+            self.record = record_path(self.settings.pending_dir, self.root, self.container_id)
+            paths = self._checked_record_paths(record)
+            self.canonical["cgroup_paths"] = paths
+            self._remove(paths, may_kill=False, watch_foreign=False)
+            remove_record(self.record)
+            # The runtime's own output and status pass through ("does not exist" is
+            # success to containerd); the record's leftovers are gone now.
+            raise Outcome("record_finished", run.status)
+
+    def _checked_record_paths(self, record: PendingRecord) -> list[str]:
+        mounts = self.mounts()
+        for path in record.cgroup_paths:
+            try:
+                check_path(path, self.fs, mounts)
+            except UnsafeCgroupPath as exc:
+                raise Outcome("refused", exc.exit_code, f"pending record: {exc}", True) from None
+        return list(record.cgroup_paths)
+
+    def _with_state(self, state: ContainerState) -> None:
+        self.canonical.update(
+            init_pid=state.init_pid,
+            cgroup_driver="systemd" if state.systemd else "cgroupfs",
+            pid_namespace=state.pid_namespace,
+        )
+        mounts = self.mounts()
+        not_before = start_wall_time(state.init_start) if state.init_start else None
         try:
-            paths = check_container_paths(state, fs, cgroup_mounts())
+            ownership = check_container_paths(
+                state, self.fs, mounts, not_before, self.settings.container_cgroup_patterns
+            )
         except UnsafeCgroupPath as exc:
             # Not even the runtime runs: runc would signal and remove whatever the
             # tampered state names. A human has to look at this container.
-            self.fail(f"{exc}; nothing was signalled or removed, the runtime was not run")
-            return self.finish("refused", exc.exit_code, str(exc))
-        self.canonical["cgroup_paths"] = paths
-        record = self._record(state.init_pid, state.init_start, paths)
-        status = run_runtime_child(self.runtime, self.args)
-        if status != 0:
-            self._after_runtime_failure(record, paths, fs)
-            return self.finish("runtime_failed", status, f"runtime exited with status {status}")
-        return self.verdict(self._cleanup(paths, fs, record))
+            raise Outcome(
+                "refused",
+                exc.exit_code,
+                f"{exc}; nothing was signalled or removed, the runtime was not run",
+                True,
+            ) from None
+        self.canonical["cgroup_paths"] = ownership.paths
+        if ownership.step_aside is not None:
+            self._step_aside(ownership.step_aside, None)
+        with self._claim() as held:
+            if held == BUSY:
+                raise Outcome("deadline", EXIT_CGROUP_BUSY, self._busy_reason(), True)
+            self.record = self._write_record(state, ownership.paths)
+            status = self._delete_container(state, ownership.paths)
+        if state.is_sandbox:
+            self._finish_siblings(state)
+        raise Outcome(*status)
 
-    def _record(self, init_pid: int, init_start: int, paths: list[str]) -> str | None:
+    def _claim(self) -> contextlib.AbstractContextManager[str]:
+        return claim(self.settings.pending_dir, self.root, self.container_id, self.deadline, self.clock)
+
+    def _busy_reason(self) -> str:
+        return f"another delete of {self.container_id} was still running at the deadline"
+
+    def _step_aside(self, why: str, status: int | None) -> NoReturn:
+        """Let the runtime act exactly as it would alone; runc-guard kills and removes nothing."""
+        self.log.warning("step_aside", reason=why)
+        if self.record is not None:
+            remove_record(self.record)
+        if status is None:
+            status = run_runtime_child(self.runtime, self.args).status
+            self.canonical["runtime_runs"] += 1
+        raise Outcome("stepped_aside", status, why)
+
+    def _kill_policy(self, state: ContainerState) -> tuple[bool, bool]:
+        """(may_kill, watch_foreign): kill only where runc's destroy would (no private PID namespace)."""
+        may_kill = self.settings.kill_stragglers and state.pid_namespace in (PID_HOST, PID_JOINED)
+        return may_kill, state.pid_namespace == PID_PRIVATE
+
+    def _delete_container(self, state: ContainerState, paths: list[str]) -> tuple[str, int, str]:
+        """The decision table; returns (outcome, status, reason) for a delete that got through."""
+        may_kill, watch_foreign = self._kill_policy(state)
+        alive = init_alive(state.init_pid, state.init_start)
+        self.canonical["init_alive"] = alive
+        unit = self._scope_unit(state)
+        if not alive:
+            # The dead-shim path: empty first, so the runtime's own removal succeeds.
+            if unit is not None:
+                self._settle_scope(unit, paths, "systemd_scope")
+            self._wait_empty(paths, may_kill, watch_foreign, before_runtime=True)
+        run = self._run_runtime(self.deadline)
+        run = self._rerun_while_busy(run, state, paths, may_kill, watch_foreign)
+        if runtime_state_exists(self.invocation.root, self.container_id):
+            # The runtime kept its state: it still owns the container (a delete of a
+            # running container without --force, or a failure it will report itself).
+            remove_record(self.record or "")
+            return ("state_kept" if run.status == 0 else "runtime_failed", run.status, "")
+        if run.status != 0 and not any(self.fs.exists(p) for p in paths):
+            remove_record(self.record or "")
+            return ("runtime_failed", run.status, f"runtime exited with status {run.status}")
+        if unit is not None:
+            # A scope runc could not stop in time is left "failed": reset it once empty,
+            # before the v1 leftovers go (systemd then collects the unit and its own dirs).
+            self._settle_scope(unit, paths, "systemd_scope_after")
+        report = self._remove(paths, may_kill, watch_foreign, runtime_status=run.status)
+        remove_record(self.record or "")
+        # "removed": runc-guard had work to do (waited for or killed processes, or removed
+        # directories itself); "already_gone": the runtime alone left nothing behind.
+        worked = self.waited or bool(report.removed) or bool(report.killed) or report.attempts > 1
+        return ("removed" if worked else "already_gone", run.status, "")
+
+    def _scope_unit(self, state: ContainerState) -> str | None:
+        """The container's systemd scope unit when runc's systemd driver made its cgroups.
+
+        From the state, not from ``--systemd-cgroup``: containerd's dead-shim cleanup
+        runs ``runc delete --force`` without the flag.
+        """
+        if not state.systemd:
+            return None
+        from runc_guard.systemd_scope import scope_unit_name
+
+        unit = scope_unit_name(state.systemd_name, state.scope_prefix)
+        if unit is not None:
+            self.canonical["systemd_unit"] = unit
+        return unit
+
+    def _settle_scope(self, unit: str, paths: list[str], key: str) -> None:
+        """Work with systemd, not behind its back: stop the scope, wait, reset-failed it.
+
+        runc's own systemd driver waits for systemd's whole stop job (twice the stop
+        timeout) and is SIGKILLed by containerd at 5 s with us; here the same stop
+        is waited for within our deadline. Still busy at the deadline: exit 75 with
+        the record kept, before containerd's kill; no systemd to ask: nothing changes.
+        """
+        from runc_guard.systemd_scope import STILL_BUSY, settle
+
+        def empty() -> bool:
+            return not any(live_pids(p, self.fs) for p in paths if self.fs.exists(p))
+
+        result = settle(unit, empty, self.deadline, self.settings.poll_interval)
+        self.canonical[key] = result.as_dict()
+        if result.outcome == STILL_BUSY:
+            state = result.status.active_state if result.status is not None else "busy"
+            raise Outcome(
+                "deadline",
+                EXIT_CGROUP_BUSY,
+                f"systemd scope {unit} still {state} after {result.waited_ms} ms (processes still"
+                " exiting); recorded for a retry or runc-guardctl sweep",
+                True,
+            )
+
+    def _rerun_while_busy(
+        self, run: RuntimeRun, state: ContainerState, paths: list[str], may_kill: bool, watch_foreign: bool
+    ) -> RuntimeRun:
+        """runc >= 1.2 exits 1 and keeps its state when a cgroup stays busy: wait, then again.
+
+        Only for a container whose init is dead and whose cgroups still exist; a
+        running container's refusal (``delete`` without ``--force``) passes on as
+        it is. A retry policy proper, so tenacity drives it: at most
+        MAX_RUNTIME_RERUNS more runs, each after the cgroups drained, none past
+        the deadline.
+        """
+        if not 0 < run.status < 128 or not runtime_state_exists(self.invocation.root, self.container_id):
+            return run  # success, a death by signal, or the state is gone: nothing to re-run
+        if init_alive(state.init_pid, state.init_start) or not any(self.fs.exists(p) for p in paths):
+            return run  # not a busy cgroup: the runtime's own failure, passed on unchanged
+        from tenacity import Retrying, retry_if_result, stop_after_attempt
+
+        def busy_again(last: RuntimeRun) -> bool:
+            return last.status != 0 and runtime_state_exists(self.invocation.root, self.container_id)
+
+        def once() -> RuntimeRun:
+            self._wait_empty(paths, may_kill, watch_foreign, before_runtime=True)
+            return self._run_runtime(self.deadline)
+
+        retrying = Retrying(
+            retry=retry_if_result(busy_again),
+            stop=stop_after_attempt(MAX_RUNTIME_RERUNS),
+            retry_error_callback=lambda state: state.outcome.result() if state.outcome else run,
+            reraise=True,
+        )
+        result: RuntimeRun = retrying(once)
+        return result
+
+    def _wait_empty(
+        self, paths: list[str], may_kill: bool, watch_foreign: bool, before_runtime: bool
+    ) -> None:
+        """Wait (killing where allowed) until the cgroups are empty; remove nothing."""
+        report = self._drain(paths, may_kill, watch_foreign, False, None if before_runtime else 0)
+        self.waited = self.waited or report.attempts > 1 or bool(report.killed)
+
+    def _remove(
+        self, paths: list[str], may_kill: bool, watch_foreign: bool, runtime_status: int = 0
+    ) -> CleanupReport:
+        """Wait for the cgroups and remove them leaf-first."""
+        return self._drain(paths, may_kill, watch_foreign, True, runtime_status)
+
+    def _drain(
+        self, paths: list[str], may_kill: bool, watch_foreign: bool, remove: bool, aside: int | None
+    ) -> CleanupReport:
+        """cleanup.drain within the deadline; its failures become this delete's Outcome.
+
+        A foreign process makes the delete step aside with status ``aside`` (None:
+        the runtime has not run yet, so it runs now, unchanged).
+        """
+        try:
+            report = drain(
+                paths,
+                self.fs,
+                self.deadline,
+                self.settings.poll_interval,
+                may_kill=may_kill,
+                remove=remove,
+                watch_foreign=watch_foreign,
+                clock=self.clock,
+            )
+        except CgroupBusy as exc:
+            self._account(exc.report)
+            raise Outcome("deadline", exc.exit_code, str(exc), True) from None
+        except CgroupRemovalFailed as exc:
+            self._account(exc.report)
+            raise Outcome("rmdir_failed", exc.exit_code, str(exc), True) from None
+        except ForeignProcess as exc:
+            self._account(exc.report)
+            self._step_aside(str(exc), aside)
+        self._account(report)
+        return report
+
+    def _account(self, report: CleanupReport | None) -> None:
+        if report is None:
+            return
+        self.canonical["waited_ms"] += report.waited_ms
+        self.canonical["attempts"] += report.attempts
+        self.canonical["stragglers_killed"] = sorted(
+            set(self.canonical["stragglers_killed"]) | set(report.killed)
+        )
+        self.canonical["removed"] += len(report.removed)
+
+    def _write_record(self, state: ContainerState, paths: list[str]) -> str | None:
         record = PendingRecord(
             container_id=self.container_id,
-            runtime_root=os.path.abspath(self.invocation.root),
+            runtime_root=self.root,
             cgroup_paths=paths,
-            init_pid=init_pid,
-            init_start=init_start,
+            init_pid=state.init_pid,
+            init_start=state.init_start,
             runtime=self.runtime,
             created=time.time(),
         )
@@ -176,54 +482,116 @@ class DeleteRun:
             reason = f"cannot record pending cgroups in {self.settings.pending_dir}: {exc.strerror}"
             sys.stderr.write(f"{PROG}: warning: {reason}; deleting anyway\n")
             self.log.warning("pending_unrecorded", reason=reason)
-            self.canonical["pending_record"] = None
             return None
 
-    def _after_runtime_failure(self, record: str | None, paths: list[str], fs: RealCgroupFs) -> None:
-        """Keep the record only if the runtime lost its state but a cgroup is still there."""
-        if record is None:
-            return
-        state_gone = not runtime_state_exists(self.invocation.root, self.container_id)
-        if state_gone and any(fs.exists(p) for p in paths):
-            self.canonical["pending_record"] = record
-        else:
-            remove_record(record)
+    # -- a CRI sandbox's dead siblings -----------------------------------------
 
-    def _cleanup(self, paths: list[str], fs: RealCgroupFs, record: str | None) -> int:
-        deadline = self.started + self.settings.delete_timeout
-        forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-        previous = {sig: signal.signal(sig, _raise_interrupted) for sig in forwarded}
-        report = CleanupReport()
-        try:
-            report = remove_cgroups(
-                paths, fs, deadline, self.settings.poll_interval, self.settings.kill_stragglers
+    def _finish_siblings(self, sandbox: ContainerState) -> None:
+        """Delete the pod's other containers whose init is dead, within this delete's deadline.
+
+        containerd's dead-shim cleanup deletes only the sandbox (the pod's
+        containers shared its shim); their runtime state and cgroups would stay.
+        A sibling whose init is alive is never touched.
+        """
+        siblings = []
+        for container_id in _state_ids(self.invocation.root):
+            if container_id == self.container_id:
+                continue
+            try:
+                state = read_state(self.invocation.root, container_id, self.mounts)
+            except StateUnreadable:
+                continue
+            if state.sandbox_id == sandbox.container_id and not init_alive(state.init_pid, state.init_start):
+                siblings.append(state)
+        done = []
+        for state in siblings:
+            sibling = DeleteRun(
+                _sibling_invocation(self.invocation, state.container_id),
+                [*self.invocation.global_args(with_log=False), "delete", "--force", state.container_id],
+                self.runtime,
+                self.settings,
+                fs=self.fs,
+                mounts=self.mounts,
+                clock=self.clock,
             )
-        except (CgroupBusy, CgroupRemovalFailed) as exc:
-            report = exc.report or report
-            self._account(report)
-            self.canonical["pending_record"] = record
-            self.fail(str(exc))
-            outcome = "deadline" if isinstance(exc, CgroupBusy) else "rmdir_failed"
-            return self.finish(outcome, exc.exit_code, str(exc))
-        except Interrupted as exc:
-            self.canonical["pending_record"] = record
-            self.fail(str(exc))
-            return self.finish("interrupted", exc.exit_code, str(exc))
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        self._account(report)
-        if record is not None:
-            remove_record(record)
-        return self.finish("removed" if report.removed else "already_gone", 0)
+            sibling.deadline = self.deadline
+            sibling.canonical["sandbox_id"] = sandbox.container_id
+            status = sibling.run_sibling(state)
+            done.append({"id": state.container_id, "exit_status": status})
+        if done:
+            self.canonical["siblings"] = done
 
-    def _account(self, report: CleanupReport) -> None:
-        self.canonical.update(
-            waited_ms=report.waited_ms,
-            attempts=report.attempts,
-            stragglers_killed=report.killed,
-            removed=len(report.removed),
-        )
+    def run_sibling(self, state: ContainerState) -> int:
+        """The same delete for a sibling; its own canonical entry, never on stderr or ``--log``."""
+        try:
+            self._with_state(state)
+        except Outcome as end:
+            end.failed = False  # the sandbox's caller asked about the sandbox only
+            return self.finish(end, final=False)
+        raise AssertionError("every delete ends with an Outcome")  # pragma: no cover
+
+
+#: Outcomes where the runtime decided, not runc-guard: worth a look, not an alarm.
+_WARNING_OUTCOMES = frozenset({"stepped_aside", "runtime_failed", "state_kept", "no_state"})
+
+
+def _level(end: Outcome) -> str:
+    """error for runc-guard's own failures; warning where the runtime decided; else info.
+
+    A finished record whose runtime answered "does not exist" (exit 1) is a success.
+    """
+    if end.failed:
+        return "error"
+    return "warning" if end.outcome in _WARNING_OUTCOMES else "info"
+
+
+def _state_ids(root: str) -> list[str]:
+    try:
+        return sorted(os.listdir(root))
+    except OSError:
+        return []
+
+
+def _sibling_invocation(parent: Invocation, container_id: str) -> Invocation:
+    from runc_guard.argv import parse
+
+    return parse([*parent.global_args(with_log=False), "delete", "--force", container_id])
+
+
+def _own_cost() -> dict[str, int]:
+    """What this delete cost so far: runc-guard's own CPU, the runtime children's, peak RSS."""
+    import resource
+
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "cpu_ms": round((me.ru_utime + me.ru_stime) * 1000),
+        "runtime_cpu_ms": round((children.ru_utime + children.ru_stime) * 1000),
+        "maxrss_kb": me.ru_maxrss,
+    }
+
+
+def append_stats(stats_file: str, outcome: str, entry: Mapping[str, Any]) -> None:
+    """One small line per delete for ``runc-guardctl metrics`` to aggregate (no daemon)."""
+    line = json.dumps(
+        {
+            "time": round(time.time(), 3),
+            "outcome": outcome,
+            "waited_ms": entry.get("waited_ms", 0),
+            "removed": entry.get("removed", 0),
+            "killed": len(entry.get("stragglers_killed", ())),
+            "cpu_ms": entry.get("cpu_ms", 0),
+        }
+    )
+    try:
+        os.makedirs(os.path.dirname(stats_file), mode=0o755, exist_ok=True)
+        fd = os.open(stats_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, line.encode() + b"\n")
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
 
 
 def run_delete(
@@ -233,27 +601,37 @@ def run_delete(
     raw: Mapping[str, object],
     config_problem: str | None,
     environ: Mapping[str, str],
+    early_signals: Sequence[int] = (),
 ) -> int:
-    """The shim's delete path; the error boundary for everything after argv parsing."""
-    config_error: ConfigError | None = None
+    """The shim's delete path; the error boundary for everything after argv parsing.
+
+    A settings problem never changes how the delete ends: valid keys apply,
+    invalid ones keep their defaults, and the problem is reported once per
+    version of the file (journal; metrics, doctor and audit read the file too).
+    """
+    settings, problems = lenient_settings(raw, environ, config_path(environ))
+    if config_problem is not None:
+        problems.insert(0, config_problem)
+    run: DeleteRun | None = None
     try:
-        if config_problem is not None:
-            raise ConfigError(config_problem)
-        settings = settings_from(raw, environ, config_path(environ))
-    except ConfigError as exc:
-        config_error = exc
-        try:  # the file is bad: keep what the environment says (paths above all)
-            settings = settings_from({}, environ, "(environment only)")
-        except ConfigError:
-            settings = Settings()
-    try:
-        return DeleteRun(invocation, args, runtime, settings, config_error).run()
+        run = DeleteRun(invocation, args, runtime, settings, started=started_monotonic())
+        for problem in problems:
+            if first_report(cache_dir(environ), config_path(environ), problem):
+                run.log.error("config_invalid", reason=problem)
+        return run.run(early_signals)
     except Exception as exc:  # noqa: BLE001 - the boundary: no traceback may reach containerd
         import traceback
 
         from runc_guard.journal import send_minimal
 
+        for sig in FORWARDED:
+            signal.signal(sig, _note_only)
+        reason = f"internal error: {type(exc).__name__}: {exc}; recorded for runc-guardctl sweep"
         send_minimal(environ, "internal_error", traceback.format_exc(), priority=2)
-        sys.stderr.write(f"{PROG}: internal error: {type(exc).__name__}: {exc}\n")
-        return EXIT_INTERNAL
-
+        if run is None:
+            sys.stderr.write(f"{PROG}: {reason}\n")
+            return EXIT_INTERNAL
+        try:
+            return run.finish(Outcome("internal_error", EXIT_INTERNAL, reason, True))
+        except Exception:  # noqa: BLE001 - reporting itself failed: the status still stands
+            return EXIT_INTERNAL

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from runc_guard.cgroupfs import CgroupFsOps
 from runc_guard.errors import NoCgroupHierarchy, UnsafeCgroupPath
+from runc_guard.orphans import ORPHAN, StateFacts, judge
 from runc_guard.paths import check_path
 from runc_guard.pending import iter_records
 
@@ -96,6 +97,8 @@ class ContainerUnit:
     #: The shim's pending record for this container and the runtime root it names.
     record: str | None = None
     runtime_root: str | None = None
+    #: The runtime the pending record names (re-runs of its delete use it).
+    runtime: str | None = None
     #: Why a pending record cannot be acted on (an unsafe path): the unit is kept.
     unsafe: str | None = None
 
@@ -110,6 +113,10 @@ class Discovery:
     record_errors: dict[str, str] = field(default_factory=dict)
     #: Pending record path -> (container id, created time) for every record read.
     records: dict[str, tuple[str, float]] = field(default_factory=dict)
+    #: One look at every runtime state directory (when orphans are judged).
+    states: list[StateFacts] = field(default_factory=list)
+    #: Orphaned state directory -> why its cgroups cannot be acted on (an unsafe path).
+    state_errors: dict[str, str] = field(default_factory=dict)
 
 
 def _walk_kubepods(top: str, fs: CgroupFsOps) -> Iterable[tuple[str, str]]:
@@ -153,6 +160,56 @@ def _record_path_ok(container_id: str, path: str) -> bool:
     return name == container_id or (name.endswith(f"-{container_id}.scope"))
 
 
+def _pod_of(cgroup_paths: Iterable[str], mounts: Mapping[str, str]) -> str:
+    """The parent of a container's first cgroup, relative to its hierarchy (its pod, under kubelet)."""
+    first = next(iter(sorted(cgroup_paths)), "")
+    parent = os.path.dirname(first) if first else ""
+    mount = max((m for m in mounts if parent.startswith(m.rstrip("/") + "/")), key=len, default="")
+    return os.path.relpath(parent, mount) if mount else parent
+
+
+def add_orphans(
+    discovery: Discovery,
+    states: Iterable[StateFacts],
+    now: float,
+    min_age: float,
+    fs: CgroupFsOps,
+    mounts: Mapping[str, str],
+) -> None:
+    """Join every orphaned runtime state to its container's unit, with the cgroups it names.
+
+    A container whose cgroups lie outside the kubepods trees (or are already
+    gone) becomes a unit of its own, so the sweep re-drives its delete too. The
+    paths come from the state file: each is checked like a pending record's.
+    """
+    for facts in states:
+        discovery.states.append(facts)
+        if judge(facts, now, min_age) != ORPHAN:
+            continue
+        cid = facts.state.container_id
+        inside = [p for p in facts.cgroup_paths if any(p.startswith(m.rstrip("/") + "/") for m in mounts)]
+        unsafe: str | None = None
+        for path in inside:
+            try:
+                check_path(path, fs, mounts)
+            except UnsafeCgroupPath as exc:
+                unsafe = str(exc)
+                break
+            if not _record_path_ok(cid, path):
+                unsafe = f"refusing cgroup path {path!r}: not named after container {cid}"
+                break
+        unit = discovery.units.get(cid)
+        if unit is None:
+            unit = discovery.units[cid] = ContainerUnit(cid, pod=_pod_of(inside, mounts))
+        if unit.runtime_root is None:
+            unit.runtime_root = facts.state.root
+        if unsafe is not None:
+            discovery.state_errors[facts.state.path] = unsafe
+            unit.unsafe = unsafe
+            continue
+        unit.dirs = sorted(set(unit.dirs) | set(inside))
+
+
 def add_pending(
     discovery: Discovery, pending_dir: str, fs: CgroupFsOps, mounts: Mapping[str, str]
 ) -> None:
@@ -177,14 +234,10 @@ def add_pending(
             discovery.record_errors[record_file] = unsafe
         unit = discovery.units.get(cid)
         if unit is None:
-            parent = os.path.dirname(record.cgroup_paths[0]) if record.cgroup_paths else ""
-            mount = max(
-                (m for m in mounts if parent.startswith(m.rstrip("/") + "/")), key=len, default=""
-            )
-            pod = os.path.relpath(parent, mount) if mount else parent
-            unit = discovery.units[cid] = ContainerUnit(cid, pod=pod)
+            unit = discovery.units[cid] = ContainerUnit(cid, pod=_pod_of(record.cgroup_paths, mounts))
         unit.record = record_file
         unit.runtime_root = record.runtime_root
+        unit.runtime = record.runtime
         if unsafe is not None:
             unit.unsafe = unsafe
             continue
@@ -197,11 +250,19 @@ def discover(
     pending_dir: str | None,
     fs: CgroupFsOps,
     mounts: Mapping[str, str],
+    states: tuple[Iterable[StateFacts], float, float] | None = None,
 ) -> Discovery:
-    """Every container unit below ``cgroup_root``'s kubepods trees and in ``pending_dir``."""
+    """Every container unit below ``cgroup_root``'s kubepods trees, in ``pending_dir``, and orphaned.
+
+    ``states`` is (every runtime state looked at, now, min_age) when orphaned
+    runtime state is to be found; None leaves runtime state out of discovery.
+    """
     hierarchies = hierarchies_below(cgroup_root, mounts)
     discovery = Discovery(hierarchies, discover_kubepods(hierarchies, kubepods, fs))
+    usable = {h.mount: h.fstype for h in hierarchies}
     if pending_dir is not None:
-        usable = {h.mount: h.fstype for h in hierarchies}
         add_pending(discovery, pending_dir, fs, usable)
+    if states is not None:
+        looked, now, min_age = states
+        add_orphans(discovery, looked, now, min_age, fs, usable)
     return discovery

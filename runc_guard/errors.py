@@ -12,7 +12,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from runc_guard.cleanup import CleanupReport
 
-EXIT_OK = 0
 #: sweep/audit: no cgroup filesystem is mounted below the given root (EX_NOINPUT).
 EXIT_NO_HIERARCHY = 66
 #: state.json names cgroup paths that are not the container's own cgroups: nothing was touched.
@@ -23,7 +22,8 @@ EXIT_RUNTIME_UNAVAILABLE = 69
 EXIT_INTERNAL = 70
 #: A cgroup could not be removed for a reason waiting cannot fix (EROFS, EACCES, ...).
 EXIT_CGROUP_ERROR = 74
-#: The cgroups were still in use at the deadline; the pending record stays for the sweep.
+#: The deadline passed (cgroups still in use, or the runtime's own delete still running);
+#: the pending record stays for a retry or the sweep.
 #: Also: another sweep holds the node's sweep lock (EX_TEMPFAIL: try again later).
 EXIT_CGROUP_BUSY = 75
 EXIT_SWEEP_LOCKED = 75
@@ -53,6 +53,10 @@ class StateUnreadable(RuncGuardError):
     """state.json is missing, unreadable or not what runc writes; the delete passes through."""
 
 
+class StateMissing(StateUnreadable):
+    """The runtime has no state for the container at all (never created, or already deleted)."""
+
+
 class UnsafeCgroupPath(RuncGuardError):
     """A recorded cgroup path is not a plain directory inside the container's cgroup tree."""
 
@@ -68,10 +72,10 @@ class CgroupBusy(RuncGuardError):
     """The deadline passed with processes still inside (or EBUSY on rmdir)."""
 
     exit_code = EXIT_CGROUP_BUSY
-    #: What the cleanup did before giving up (set by cleanup.remove_cgroups).
-    report: CleanupReport | None = None
 
-    def __init__(self, path: str, pids: tuple[int, ...], waited_ms: int) -> None:
+    def __init__(
+        self, path: str, pids: tuple[int, ...], waited_ms: int, report: CleanupReport | None = None
+    ) -> None:
         shown = ", ".join(str(p) for p in pids[:8]) + (" ..." if len(pids) > 8 else "")
         detail = f"{len(pids)} process(es) still inside: {shown}" if pids else "rmdir kept failing with EBUSY"
         super().__init__(
@@ -80,19 +84,51 @@ class CgroupBusy(RuncGuardError):
         self.path = path
         self.pids = pids
         self.waited_ms = waited_ms
+        #: What the cleanup did before giving up.
+        self.report = report
 
 
 class CgroupRemovalFailed(RuncGuardError):
     """rmdir failed with an error that retrying cannot fix."""
 
     exit_code = EXIT_CGROUP_ERROR
-    #: What the cleanup did before failing (set by cleanup.remove_cgroups).
-    report: CleanupReport | None = None
 
-    def __init__(self, path: str, errno_name: str, strerror: str) -> None:
+    def __init__(
+        self, path: str, errno_name: str, strerror: str, report: CleanupReport | None = None
+    ) -> None:
         super().__init__(f"cannot remove cgroup {path}: {errno_name} ({strerror})")
         self.path = path
         self.errno_name = errno_name
+        #: What the cleanup did before failing.
+        self.report = report
+
+
+class ForeignProcess(RuncGuardError):
+    """A live process that is not dying sits in a private-PID-namespace container's cgroup.
+
+    The kernel SIGKILLs every process of a PID namespace when its init dies, so
+    this one is not the container's: runc-guard steps aside and leaves it, and
+    its cgroup, to the runtime and the operator.
+    """
+
+    def __init__(self, path: str, pid: int, report: CleanupReport | None = None) -> None:
+        super().__init__(f"process {pid} in {path} is alive and not the container's (not dying)")
+        self.path = path
+        self.pid = pid
+        self.report = report
+
+
+class RuntimeDeadline(RuncGuardError):
+    """The runtime's own delete was still running at the deadline and was stopped."""
+
+    exit_code = EXIT_CGROUP_BUSY
+
+    def __init__(self, runtime: str, waited_ms: int) -> None:
+        super().__init__(
+            f"{runtime} delete still running after {waited_ms} ms: stopped it;"
+            " recorded for a retry or runc-guardctl sweep"
+        )
+        self.waited_ms = waited_ms
 
 
 class Interrupted(RuncGuardError):

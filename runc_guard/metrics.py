@@ -1,5 +1,11 @@
 """Prometheus metrics for node_exporter's textfile collector, without a daemon.
 
+Exposition is prometheus-client's: custom collectors turn the saved counters,
+the audit's report and the kernel's own cgroup counters (:mod:`kernelstats`)
+into metric families, and its ``write_to_textfile`` replaces the file by
+rename, so node_exporter never reads half of it. prometheus-client is only
+imported when rendering; the delete path only appends its stats line.
+
 The shim appends one JSON line per delete to ``Settings.stats_file`` (an
 O_APPEND write: its hot path pays nothing more). Whoever renders metrics
 (the audit timer every minute, or ``runc-guardctl metrics``) *folds* new lines
@@ -21,20 +27,43 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from runc_guard.atomic import write_atomic
 
-#: Delete wait-time buckets in seconds: the default delete budget is 3 s.
+if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
+
+#: Delete wait-time buckets in seconds: the default delete budget is 4 s (between the 3 and 5 s buckets).
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
 #: The shim's outcomes (delete.py), rendered even at zero so rate() works from the start.
 OUTCOMES = (
-    "removed", "already_gone", "deadline", "rmdir_failed", "interrupted",
-    "refused", "runtime_failed", "no_state",
+    "removed",
+    "already_gone",
+    "deadline",
+    "rmdir_failed",
+    "interrupted",
+    "refused",
+    "runtime_failed",
+    "no_state",
+    "stepped_aside",
+    "state_kept",
+    "record_finished",
+    "internal_error",
 )
 SWEEP_KEEP_REASONS = ("unsafe_path", "populated", "runtime_state", "bundle", "too_young", "busy")
+#: Counters the sweep adds up (key in the state, help text).
+SWEEP_COUNTERS = (
+    ("runs", "Sweeps run (not dry runs)."),
+    ("containers_removed", "Leaked containers whose cgroups the sweep removed."),
+    ("dirs_removed", "Cgroup directories removed by the sweep."),
+    ("errors", "Errors met by the sweep (unremovable cgroups, bad pending records)."),
+    ("records_cleared", "Pending records of the shim finished by the sweep."),
+    ("slowed_seconds", "Extra seconds the sweep waited because system CPU was high."),
+    ("states_redriven", "Orphaned runtime states whose runtime delete --force the sweep re-ran."),
+)
 ROTATE_BYTES = 1 << 20
 RETIRE_AFTER = 60.0
 MAX_FOLD_BYTES = 64 << 20
@@ -59,9 +88,16 @@ def new_state() -> dict[str, Any]:
         "delete_wait_sum": 0.0,
         "invalid_lines": 0,
         "sweep": {
-            "runs": 0, "containers_removed": 0, "dirs_removed": 0, "kept": {}, "errors": 0,
-            "records_cleared": 0, "slowed_seconds": 0.0, "last_timestamp": 0.0,
+            "runs": 0,
+            "containers_removed": 0,
+            "dirs_removed": 0,
+            "kept": {},
+            "errors": 0,
+            "records_cleared": 0,
+            "slowed_seconds": 0.0,
+            "last_timestamp": 0.0,
             "last_duration": 0.0,
+            "states_redriven": 0,
         },
     }
 
@@ -102,6 +138,7 @@ def record_sweep(state: dict[str, Any], report: Mapping[str, Any], now: float) -
     sweep["errors"] += len(report["errors"])
     sweep["records_cleared"] += int(report["records_cleared"])
     sweep["slowed_seconds"] += float(report["slowed"])
+    sweep["states_redriven"] = sweep.get("states_redriven", 0) + len(report.get("redriven", ()))
     for reason, count in report["kept"].items():
         sweep["kept"][reason] = sweep["kept"].get(reason, 0) + int(count)
     sweep["last_timestamp"] = now
@@ -230,112 +267,142 @@ def load_state(state_file: str) -> dict[str, Any]:
     return _load(state_file)
 
 
-# -- rendering ----------------------------------------------------------------------
+# -- exposition (prometheus-client) ----------------------------------------------------
+
+
+class CountersCollector:
+    """The folded delete and sweep counters of one saved state, as metric families."""
+
+    def __init__(self, state: Mapping[str, Any]) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        state = self.state
+        deletes = CounterMetricFamily(
+            "runc_guard_deletes", "Interposed deletes by outcome.", labels=["outcome"]
+        )
+        for outcome, count in sorted((dict.fromkeys(OUTCOMES, 0) | dict(state["deletes"])).items()):
+            deletes.add_metric([outcome], count)
+        yield deletes
+        yield CounterMetricFamily(
+            "runc_guard_delete_dirs_removed",
+            "Cgroup directories removed by interposed deletes.",
+            value=state["delete_dirs_removed"],
+        )
+        yield CounterMetricFamily(
+            "runc_guard_delete_stragglers_killed",
+            "Processes SIGKILLed by deletes because they were still in the container's cgroups.",
+            value=state["delete_killed"],
+        )
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, count in zip((*WAIT_BUCKETS, math.inf), state["delete_wait_buckets"], strict=True):
+            cumulative += count
+            buckets.append(("+Inf" if math.isinf(bound) else repr(bound), cumulative))
+        yield HistogramMetricFamily(
+            "runc_guard_delete_wait_seconds",
+            "Time deletes waited for the container's cgroups to empty and go.",
+            buckets=buckets,
+            sum_value=round(state["delete_wait_sum"], 6),
+        )
+        yield CounterMetricFamily(
+            "runc_guard_stats_invalid_lines",
+            "Lines of the shim's stats file that were not valid delete records.",
+            value=state["invalid_lines"],
+        )
+        sweep = state["sweep"]
+        for key, help_text in SWEEP_COUNTERS:
+            yield CounterMetricFamily(f"runc_guard_sweep_{key}", help_text, value=sweep.get(key, 0))
+        kept = CounterMetricFamily(
+            "runc_guard_sweep_kept",
+            "Container cgroups the sweep left in place, by reason.",
+            labels=["reason"],
+        )
+        for reason, count in sorted((dict.fromkeys(SWEEP_KEEP_REASONS, 0) | dict(sweep["kept"])).items()):
+            kept.add_metric([reason], count)
+        yield kept
+        yield GaugeMetricFamily(
+            "runc_guard_sweep_last_run_timestamp_seconds",
+            "When the last sweep finished (0: never).",
+            value=sweep["last_timestamp"],
+        )
+        yield GaugeMetricFamily(
+            "runc_guard_sweep_last_duration_seconds",
+            "How long the last sweep took.",
+            value=sweep["last_duration"],
+        )
 
 
 @dataclass(frozen=True)
-class Gauge:
+class Family:
+    """One gauge family with its samples (label values -> value); rendered by :class:`GaugesCollector`."""
+
     name: str
     help: str
-    value: float
-    labels: Mapping[str, str] = field(default_factory=dict)
+    samples: tuple[tuple[tuple[tuple[str, str], ...], float], ...]
+
+    @classmethod
+    def one(cls, metric: str, help_text: str, value: float, /, **labels: str) -> Family:
+        return cls(metric, help_text, ((tuple(labels.items()), float(value)),))
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class GaugesCollector:
+    """Gauges computed fresh on every run (audit, kernel, settings), never stored."""
+
+    def __init__(self, families: Iterable[Family]) -> None:
+        self.families = list(families)
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        for family in self.families:
+            label_names = [k for k, _ in family.samples[0][0]] if family.samples else []
+            gauge = GaugeMetricFamily(family.name, family.help, labels=label_names)
+            for labels, value in family.samples:
+                gauge.add_metric([v for _, v in labels], value)
+            yield gauge
 
 
-def _sample(name: str, value: float, labels: Mapping[str, str] | None = None) -> str:
-    label_text = ""
-    if labels:
-        label_text = "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
-    if isinstance(value, float) and math.isinf(value):
-        shown = "+Inf" if value > 0 else "-Inf"
-    elif float(value).is_integer():
-        shown = str(int(value))
-    else:
-        shown = repr(float(value))
-    return f"{name}{label_text} {shown}"
+def registry_of(collectors: Iterable[Collector]) -> Any:
+    """A fresh registry (never the process-global one) holding ``collectors``."""
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    for collector in collectors:
+        registry.register(collector)
+    return registry
 
 
-def _family(lines: list[str], name: str, kind: str, help_text: str) -> None:
-    lines.append(f"# HELP {name} {help_text}")
-    lines.append(f"# TYPE {name} {kind}")
+def render(state: Mapping[str, Any], families: Iterable[Family] = ()) -> str:
+    """The text exposition of the counters in ``state`` plus fresh gauge ``families``."""
+    from prometheus_client import generate_latest
+
+    registry = registry_of([CountersCollector(state), GaugesCollector(families)])
+    return bytes(generate_latest(registry)).decode()
 
 
-def _format_le(bound: float) -> str:
-    return repr(bound) if not bound.is_integer() else f"{bound:.1f}"
+def write_textfile(path: str, state: Mapping[str, Any], families: Iterable[Family] = ()) -> None:
+    """node_exporter reads ``*.prom``: prometheus-client writes a temp file and renames it over ``path``."""
+    from prometheus_client import write_to_textfile
 
-
-def render(state: Mapping[str, Any], gauges: Sequence[Gauge] = ()) -> str:
-    """The Prometheus text exposition of the counters in ``state`` plus ``gauges``."""
-    out: list[str] = []
-    _family(out, "runc_guard_deletes_total", "counter", "Interposed deletes by outcome.")
-    deletes = dict.fromkeys(OUTCOMES, 0) | dict(state["deletes"])
-    for outcome, count in sorted(deletes.items()):
-        out.append(_sample("runc_guard_deletes_total", count, {"outcome": outcome}))
-    _family(out, "runc_guard_delete_dirs_removed_total", "counter",
-            "Cgroup directories removed by interposed deletes.")
-    out.append(_sample("runc_guard_delete_dirs_removed_total", state["delete_dirs_removed"]))
-    _family(out, "runc_guard_delete_stragglers_killed_total", "counter",
-            "Processes SIGKILLed by deletes because they were still in the container's cgroups.")
-    out.append(_sample("runc_guard_delete_stragglers_killed_total", state["delete_killed"]))
-    _family(out, "runc_guard_delete_wait_seconds", "histogram",
-            "Time deletes waited for the container's cgroups to empty and go.")
-    cumulative = 0
-    for bound, count in zip((*WAIT_BUCKETS, math.inf), state["delete_wait_buckets"], strict=True):
-        cumulative += count
-        le = "+Inf" if math.isinf(bound) else _format_le(bound)
-        out.append(_sample("runc_guard_delete_wait_seconds_bucket", cumulative, {"le": le}))
-    out.append(_sample("runc_guard_delete_wait_seconds_sum", round(state["delete_wait_sum"], 6)))
-    out.append(_sample("runc_guard_delete_wait_seconds_count", cumulative))
-    _family(out, "runc_guard_stats_invalid_lines_total", "counter",
-            "Lines of the shim's stats file that were not valid delete records.")
-    out.append(_sample("runc_guard_stats_invalid_lines_total", state["invalid_lines"]))
-    sweep = state["sweep"]
-    for key, help_text in (
-        ("runs", "Sweeps run (not dry runs)."),
-        ("containers_removed", "Leaked containers whose cgroups the sweep removed."),
-        ("dirs_removed", "Cgroup directories removed by the sweep."),
-        ("errors", "Errors met by the sweep (unremovable cgroups, bad pending records)."),
-        ("records_cleared", "Pending records of the shim finished by the sweep."),
-        ("slowed_seconds", "Extra seconds the sweep waited because system CPU was high."),
-    ):
-        name = f"runc_guard_sweep_{key}_total"
-        _family(out, name, "counter", help_text)
-        out.append(_sample(name, sweep[key]))
-    _family(out, "runc_guard_sweep_kept_total", "counter",
-            "Container cgroups the sweep left in place, by reason.")
-    kept = dict.fromkeys(SWEEP_KEEP_REASONS, 0) | dict(sweep["kept"])
-    for reason, count in sorted(kept.items()):
-        out.append(_sample("runc_guard_sweep_kept_total", count, {"reason": reason}))
-    _family(out, "runc_guard_sweep_last_run_timestamp_seconds", "gauge",
-            "When the last sweep finished (0: never).")
-    out.append(_sample("runc_guard_sweep_last_run_timestamp_seconds", sweep["last_timestamp"]))
-    _family(out, "runc_guard_sweep_last_duration_seconds", "gauge", "How long the last sweep took.")
-    out.append(_sample("runc_guard_sweep_last_duration_seconds", sweep["last_duration"]))
-    previous = ""
-    for gauge in sorted(gauges, key=lambda g: g.name):  # stable: a family's samples stay together
-        if gauge.name != previous:
-            _family(out, gauge.name, "gauge", gauge.help)
-            previous = gauge.name
-        out.append(_sample(gauge.name, gauge.value, gauge.labels))
-    return "\n".join(out) + "\n"
-
-
-def write_textfile(path: str, text: str) -> None:
-    """node_exporter reads ``*.prom``: a rename makes sure it never reads half a file."""
     if path == "-":
         raise ValueError("write_textfile needs a path")
-    write_atomic(path, text.encode(), 0o644)
+    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+    write_to_textfile(path, registry_of([CountersCollector(state), GaugesCollector(families)]))
 
 
-
-def export(stats_file: str, gauges: Sequence[Gauge], now: float, output: str | None) -> str:
+def export(stats_file: str, families: Iterable[Family], now: float, output: str | None) -> str:
     """Fold the shim's new lines, render everything, and write ``output`` atomically (if given)."""
     state_file = state_path(stats_file)
     fold(stats_file, state_file, now)
-    text = render(load_state(state_file), gauges)
+    state = load_state(state_file)
+    families = list(families)
     if output is not None:
-        write_textfile(output, text)
-    return text
+        write_textfile(output, state, families)
+    return render(state, families)

@@ -374,6 +374,9 @@ class RmdirTimer:
     def pid_alive(self, pid: int) -> bool:
         return self.fs.pid_alive(pid)
 
+    def pid_dying(self, pid: int) -> bool:
+        return self.fs.pid_dying(pid)
+
     def kill_if_member(self, pid: int, path: str) -> bool:
         return self.fs.kill_if_member(pid, path)
 

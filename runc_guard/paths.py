@@ -1,18 +1,27 @@
-"""Decide whether the cgroup paths runc recorded are safe to wait on, signal and remove.
+"""Decide whether the cgroup paths a runtime recorded are the container's own to act on.
 
 runc-guard runs as root and sends SIGKILL, so a corrupt or tampered state.json
-must not aim it at anything but the container's own cgroups. A path is accepted
-only if it is absolute and normalised, has no symlink in it, lies on a cgroup
-filesystem by statfs magic (not by name), is strictly below a cgroup mount
-point, is not a pod- or QoS-level cgroup, and has the same position in every
-hierarchy (runc places one container at one relative path everywhere).
+must not aim it at anything but the container's own cgroups. Two levels:
+
+* **Tampering** (``check_path``): a path must be absolute and normalised, have
+  no symlink in it, lie on a cgroup filesystem by statfs magic (not by name) and
+  strictly below a cgroup mount point. A path that fails this is refused: not
+  even the runtime runs, since it would act on whatever the state names.
+* **Ownership** (``ownership_problem``): runc-guard's *own* kills and rmdirs
+  touch a directory only if its leaf names the container, it is not a pod, QoS
+  or slice level, and it did not exist before the container's init started. A
+  path that fails this is legitimate for the runtime (runc puts a container
+  without cgroupsPath under its caller's cgroup, a cgroupsPath may name a
+  shared cgroup): runc-guard steps aside and lets the runtime act alone.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from runc_guard.cgroupfs import CGROUP_MAGICS, CgroupFsOps
 from runc_guard.errors import UnsafeCgroupPath
@@ -45,8 +54,6 @@ def check_path(path: str, fs: CgroupFsOps, mounts: Mapping[str, str]) -> str:
     if mount_point is None:
         raise UnsafeCgroupPath(path, "not below any cgroup mount point")
     relative = path[len(mount_point.rstrip("/")) :]
-    if _KUBELET_LEVEL.match(os.path.basename(path)):
-        raise UnsafeCgroupPath(path, "a pod- or QoS-level cgroup, owned by kubelet")
     # No symlink anywhere: every component, from / down, is checked with lstat.
     current = ""
     deepest_existing = "/"
@@ -71,20 +78,80 @@ def check_path(path: str, fs: CgroupFsOps, mounts: Mapping[str, str]) -> str:
     return relative
 
 
-def check_container_paths(state: ContainerState, fs: CgroupFsOps, mounts: Mapping[str, str]) -> list[str]:
-    """The container's distinct cgroup directories, all proven safe; raise on the first bad one."""
+#: A directory modified this long before the container's init started is taken to
+#: have existed before the container (clock ticks, wall-clock steps, scheduling).
+CREATED_MARGIN = 1.0
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """The container's cgroup directories and whether runc-guard may act on them.
+
+    ``step_aside`` names why not (runc-guard then runs the runtime's delete
+    unchanged and kills or removes nothing itself); None when every directory
+    is provably the container's own.
+    """
+
+    paths: list[str]
+    step_aside: str | None = None
+
+
+def names_container(name: str, container_id: str, patterns: Sequence[str] = ()) -> bool:
+    """The leaf is named after the container: the id, ``<prefix>-<id>.scope``, or a pattern.
+
+    ``patterns`` are fnmatch patterns with ``{id}`` for the container id
+    (settings ``container_cgroup_patterns``), for runtimes that name cgroups otherwise.
+    """
+    if name == container_id:
+        return True
+    scope = f"-{container_id}.scope"
+    if name.endswith(scope) and len(name) > len(scope):
+        return True
+    return any(fnmatch.fnmatchcase(name, p.replace("{id}", container_id)) for p in patterns)
+
+
+def ownership_problem(
+    path: str, container_id: str, fs: CgroupFsOps, not_before: float | None, patterns: Sequence[str] = ()
+) -> str | None:
+    """Why ``path`` (already proven on cgroupfs) is not the container's own cgroup, or None."""
+    name = os.path.basename(path)
+    if _KUBELET_LEVEL.match(name) or name.endswith(".slice"):
+        return f"{path} is a pod, QoS or slice level cgroup, not a container's"
+    if not names_container(name, container_id, patterns):
+        return f"{path} is not named after container {container_id}"
+    if not_before is not None:
+        mtime = fs.modified_at(path)
+        if mtime is not None and mtime < not_before - CREATED_MARGIN:
+            return f"{path} existed before the container was started (shared with something else)"
+    return None
+
+
+def check_container_paths(
+    state: ContainerState,
+    fs: CgroupFsOps,
+    mounts: Mapping[str, str],
+    not_before: float | None = None,
+    patterns: Sequence[str] = (),
+) -> Ownership:
+    """The container's distinct cgroup directories and whether they are provably its own.
+
+    Raises UnsafeCgroupPath for a path that escapes the cgroup filesystems
+    (tampering): then not even the runtime may run. Everything else that fails a
+    rule (named after something else, a pod/QoS/slice level, older than the
+    container's init, not the configured cgroupsPath) only makes runc-guard step
+    aside. ``not_before`` is the wall-clock start of the container's init.
+    """
     relatives: dict[str, str] = {}
     for path in state.cgroup_paths.values():
         relatives[path] = check_path(path, fs, mounts)
-    distinct = set(relatives.values())
-    if len(distinct) > 1:
-        shown = ", ".join(sorted(distinct))
-        raise UnsafeCgroupPath(
-            sorted(relatives)[0], f"hierarchies disagree on the container's cgroup ({shown})"
-        )
-    if state.cgroups_path.startswith("/") and distinct:
+    paths = sorted(relatives)
+    if state.cgroups_path.startswith("/") and not state.systemd:
         expected = os.path.normpath(state.cgroups_path)
-        (actual,) = distinct
-        if actual != expected:
-            raise UnsafeCgroupPath(sorted(relatives)[0], f"not the configured cgroupsPath {expected}")
-    return sorted(relatives)
+        for path, relative in sorted(relatives.items()):
+            if relative != expected:
+                return Ownership(paths, f"{path} is not the configured cgroupsPath {expected}")
+    for path in paths:
+        problem = ownership_problem(path, state.container_id, fs, not_before, patterns)
+        if problem is not None:
+            return Ownership(paths, problem)
+    return Ownership(paths)

@@ -8,11 +8,14 @@ job for records left behind. They live in /run: cgroups do not outlive a boot.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 from runc_guard.atomic import write_atomic
@@ -35,6 +38,83 @@ def record_path(pending_dir: str, runtime_root: str, container_id: str) -> str:
     """One file per container; the root's hash keeps namespaces with equal ids apart."""
     root_hash = hashlib.sha256(os.path.normpath(runtime_root).encode()).hexdigest()[:12]
     return os.path.join(pending_dir, f"{container_id}@{root_hash}.json")
+
+
+#: Lock files of deletes in progress, one per (runtime root, id), in a directory
+#: beside the records' (``/run/runc-guard/locks``), so records stay alone in theirs.
+LOCK_DIR = "locks"
+#: How often a delete that found its container claimed by another looks again.
+CLAIM_POLL = 0.01
+CLAIMED, BUSY, UNAVAILABLE = "claimed", "busy", "unavailable"
+
+
+@contextlib.contextmanager
+def claim(
+    pending_dir: str,
+    runtime_root: str,
+    container_id: str,
+    deadline: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> Iterator[str]:
+    """Hold the one delete of (root, id) on this node; yields CLAIMED, BUSY or UNAVAILABLE.
+
+    Two deletes of one id (containerd's retry racing a slow first try, the
+    dead-shim cleanup racing the normal path) would otherwise drop each other's
+    record. The second waits here for the first, until ``deadline``, then finds
+    its record and finishes it. The lock is an flock on a file that is unlinked
+    while still held; a waiter that then locks an unlinked file tries again.
+    UNAVAILABLE: the pending directory cannot be written (the delete goes on).
+    """
+    name = os.path.basename(record_path(pending_dir, runtime_root, container_id))
+    lock_dir = os.path.join(os.path.dirname(os.path.normpath(pending_dir)), LOCK_DIR)
+    path = os.path.join(lock_dir, name[: -len(".json")] + ".lock")
+    fd = -1
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                fd = -1
+                if clock() >= deadline:
+                    break
+                time.sleep(CLAIM_POLL)
+                continue
+            try:
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the holder unlinked it after we opened it: lock the new one
+            fd = -1
+    except OSError:
+        if fd >= 0:
+            os.close(fd)
+        yield UNAVAILABLE
+        return
+    if fd < 0:
+        yield BUSY
+        return
+    try:
+        yield CLAIMED
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        os.close(fd)
+
+
+def find_record(pending_dir: str, runtime_root: str, container_id: str) -> PendingRecord | None:
+    """This container's record, or None when there is none (or it is unreadable)."""
+    path = record_path(pending_dir, runtime_root, container_id)
+    try:
+        return read_record(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return None
 
 
 def write_record(pending_dir: str, record: PendingRecord) -> str:
@@ -76,16 +156,32 @@ def read_record(path: str) -> PendingRecord:
     return record
 
 
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
 def iter_records(pending_dir: str) -> Iterator[tuple[str, PendingRecord | ValueError]]:
-    """Every record under ``pending_dir`` (path, record-or-error), oldest first."""
+    """Every record under ``pending_dir`` (path, record-or-error), oldest first.
+
+    Vanish-safe: a record that a finishing delete removes between the listing
+    and the read is simply skipped, never reported as a problem.
+    """
     try:
         names = [n for n in os.listdir(pending_dir) if n.endswith(".json")]
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return
-    paths = [os.path.join(pending_dir, n) for n in names]
-    paths.sort(key=lambda p: os.stat(p).st_mtime if os.path.exists(p) else time.time())
-    for path in paths:
+    dated = [(m, p) for p in (os.path.join(pending_dir, n) for n in names) if (m := _mtime(p)) is not None]
+    for _, path in sorted(dated):
         try:
             yield path, read_record(path)
-        except (OSError, ValueError) as exc:
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                continue
             yield path, ValueError(str(exc))
+        except ValueError as exc:
+            yield path, exc

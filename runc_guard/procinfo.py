@@ -8,9 +8,17 @@ the same way, so a recycled pid is never taken for the container's init.
 
 from __future__ import annotations
 
-#: Fields after the ``(comm)`` of /proc/<pid>/stat: state is field 3, starttime field 22.
+import os
+import time
+
+#: Fields after the ``(comm)`` of /proc/<pid>/stat: state (3), flags (9), starttime (22).
 _STATE = 0
+_FLAGS = 6
 _STARTTIME = 19
+#: include/linux/sched.h: set by do_exit() before the task releases anything.
+PF_EXITING = 0x00000004
+#: SIGKILL's bit in the hex masks of /proc/<pid>/status (bit N-1 for signal N).
+_SIGKILL_BIT = 1 << 8
 
 
 def _stat_fields(pid: int, proc: str) -> list[str] | None:
@@ -33,18 +41,67 @@ def start_time(pid: int, proc: str = "/proc") -> int | None:
     return int(fields[_STARTTIME])
 
 
+def _exiting(fields: list[str]) -> bool:
+    return fields[_STATE] in ("Z", "X", "x") or bool(int(fields[_FLAGS]) & PF_EXITING)
+
+
 def init_alive(pid: int, start: int, proc: str = "/proc") -> bool:
-    """True while ``pid`` is the process that started at ``start`` and is not a zombie.
+    """True while ``pid`` is the process that started at ``start`` and is not exiting.
 
     A zombie init has exited (runc's Status() calls it stopped too); its pid only
-    waits for its parent (the shim) to reap it. ``start == 0`` means the state
-    did not record a start time: then only the pid's existence counts.
+    waits for its parent (the shim) to reap it. An init with PF_EXITING is dying:
+    the init of a PID namespace stays in do_exit() (zap_pid_ns_processes) until
+    every other process of its namespace is gone, which is exactly the slow
+    teardown runc 1.1's ``delete --force`` blocks on for up to 10 s.
+    ``start == 0`` means the state did not record a start time: the pid alone counts.
     """
     if pid <= 0:
         return False
     fields = _stat_fields(pid, proc)
-    if fields is None or len(fields) <= _STARTTIME:
-        return False
-    if fields[_STATE] in ("Z", "X", "x"):
+    if fields is None or len(fields) <= _STARTTIME or _exiting(fields):
         return False
     return start == 0 or int(fields[_STARTTIME]) == start
+
+
+def dying(pid: int, proc: str = "/proc") -> bool:
+    """True when ``pid`` is on its way out: exiting, a zombie, gone, or SIGKILL pending.
+
+    A process killed while frozen (cgroup freezer) or in uninterruptible sleep
+    keeps SIGKILL pending (ShdPnd for a group kill, SigPnd for the thread) until
+    it can run; the kernel's zap of a PID namespace sends exactly that.
+    """
+    fields = _stat_fields(pid, proc)
+    if fields is None or len(fields) <= _STARTTIME or _exiting(fields):
+        return True
+    try:
+        with open(f"{proc}/{pid}/status", "rb") as f:
+            status = f.read()
+    except OSError:
+        return True
+    for line in status.splitlines():
+        if line.startswith((b"ShdPnd:", b"SigPnd:")) and int(line.split()[1], 16) & _SIGKILL_BIT:
+            return True
+    return False
+
+
+def start_wall_time(start: int) -> float:
+    """Wall-clock seconds of a /proc start time (clock ticks since boot, CLOCK_BOOTTIME).
+
+    Precise to a tick plus any step of the wall clock since; callers allow a margin.
+    """
+    ticks = os.sysconf("SC_CLK_TCK")
+    booted = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return booted + start / ticks
+
+
+def started_monotonic(pid: int | None = None, proc: str = "/proc") -> float | None:
+    """When ``pid`` (default: this process) started, on the time.monotonic() clock.
+
+    The delete's deadline counts from the moment containerd started runc-guard,
+    not from when its imports were done: containerd's budget counts from then too.
+    """
+    start = start_time(os.getpid() if pid is None else pid, proc)
+    if start is None:
+        return None
+    age = time.clock_gettime(time.CLOCK_BOOTTIME) - start / os.sysconf("SC_CLK_TCK")
+    return time.monotonic() - max(0.0, age)

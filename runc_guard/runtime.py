@@ -151,21 +151,74 @@ def _die_with_parent(parent: int) -> Callable[[], None]:
     return set_pdeathsig
 
 
-def run_runtime_child(path: str, args: Sequence[str]) -> int:
-    """Run the runtime as a child with our argv, environment and fds; return its status as a shell would.
+#: After SIGTERM at the deadline, how long the runtime gets before SIGKILL.
+STOP_GRACE = 0.3
+
+
+class RuntimeRun:
+    """How one run of the runtime ended: its status as a shell reports it, and why."""
+
+    __slots__ = ("signalled", "status", "timed_out", "waited_ms")
+
+    def __init__(self, status: int, timed_out: bool, signalled: int | None, waited_ms: int) -> None:
+        self.status = status
+        #: runc-guard stopped it at the deadline (SIGTERM, then SIGKILL).
+        self.timed_out = timed_out
+        #: The first of SIGTERM/SIGINT/SIGHUP runc-guard received and forwarded, if any.
+        self.signalled = signalled
+        self.waited_ms = waited_ms
+
+
+def _wait_until(child_pid: int, timeout: float | None) -> bool:
+    """Sleep until the child exits or ``timeout`` passes; True if it exited.
+
+    A pidfd becomes readable the moment the process exits, so there is no
+    polling delay (Popen.wait(timeout) sleeps in growing steps up to 50 ms).
+    poll() is restarted after a forwarded signal's handler runs (PEP 475).
+    """
+    import select
+
+    if timeout is None:
+        return True
+    try:
+        fd = os.pidfd_open(child_pid)
+    except ProcessLookupError:
+        return True
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(max(0, int(timeout * 1000))))
+    finally:
+        os.close(fd)
+
+
+def run_runtime_child(
+    path: str,
+    args: Sequence[str],
+    deadline: float | None = None,
+    clock: Callable[[], float] | None = None,
+) -> RuntimeRun:
+    """Run the runtime as a child with our argv, environment and fds, bounded by ``deadline``.
 
     SIGTERM, SIGINT and SIGHUP sent to runc-guard are forwarded to the child, so
-    a caller that stops us also stops the runtime it asked for. A child killed by
-    signal N is reported as 128+N, like a shell and like go-runc's callers expect.
+    a caller that stops us also stops the runtime it asked for. At ``deadline``
+    (a ``clock`` time) the child gets SIGTERM, then SIGKILL after STOP_GRACE:
+    runc-guard, not its caller, must be the one that stops a hung runtime, so
+    that it can still report and keep its record. A child killed by signal N is
+    reported as 128+N, like a shell and like go-runc's callers expect.
     """
     import signal
     import subprocess
+    import time
 
+    now = clock or time.monotonic
     forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     child: subprocess.Popen[bytes] | None = None
     pending: list[int] = []
+    received: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
+        received.append(signum)
         if child is None:
             pending.append(signum)
         else:
@@ -174,6 +227,8 @@ def run_runtime_child(path: str, args: Sequence[str]) -> int:
             except ProcessLookupError:
                 pass
 
+    started = now()
+    timed_out = False
     previous = {sig: signal.signal(sig, forward) for sig in forwarded}
     try:
         _restore_inherited_signals()
@@ -187,8 +242,16 @@ def run_runtime_child(path: str, args: Sequence[str]) -> int:
         )
         for signum in pending:
             child.send_signal(signum)
+        if deadline is not None and not _wait_until(child.pid, deadline - now()):
+            timed_out = True
+            child.send_signal(signal.SIGTERM)
+            if not _wait_until(child.pid, STOP_GRACE):
+                child.kill()
         status = child.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return 128 - status if status < 0 else status
+    waited_ms = int((now() - started) * 1000)
+    return RuntimeRun(
+        128 - status if status < 0 else status, timed_out, received[0] if received else None, waited_ms
+    )

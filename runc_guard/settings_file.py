@@ -46,16 +46,9 @@ def _trusted(st: os.stat_result) -> bool:
 
 
 def _read_cache(cache: str, path: str, key: tuple[int, ...]) -> dict[str, object] | None:
-    try:
-        fd = os.open(cache, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+    blob = _read_trusted(cache)
+    if blob is None:
         return None
-    try:
-        if not _trusted(os.fstat(fd)):
-            return None
-        blob = os.read(fd, MAX_CONFIG_BYTES * 4)
-    finally:
-        os.close(fd)
     try:
         cached_path, cached_key, data = marshal.loads(blob)
     except (ValueError, EOFError, TypeError):
@@ -83,6 +76,93 @@ def _write_cache(cache: str, path: str, key: tuple[int, ...], data: dict[str, ob
         pass
 
 
+#: Keys that decide where a call goes; kept from the last file that parsed.
+ROUTING_KEYS = ("runtime", "runtimes")
+
+
+def _last_good_file(directory: str, path: str) -> str:
+    return os.path.join(directory, "routing" + path.replace("/", "%") + ".last-good")
+
+
+def _keep_last_good(directory: str, path: str, data: dict[str, object]) -> None:
+    """Remember the routing of a file that parsed, for when a later edit breaks it."""
+    routing = {k: data[k] for k in ROUTING_KEYS if k in data}
+    runtime = routing.get("runtime", "runc")
+    table = routing.get("runtimes", {})
+    if not isinstance(runtime, str) or not runtime or not isinstance(table, dict):
+        return
+    if not all(isinstance(k, str) and isinstance(v, str) and v for k, v in table.items()):
+        return
+    try:
+        blob = marshal.dumps((path, routing))
+        from runc_guard.atomic import write_atomic
+
+        write_atomic(_last_good_file(directory, path), blob, 0o600, durable=False, dir_mode=0o700)
+    except (OSError, ValueError):
+        pass
+
+
+def last_good_routing(path: str, cache_directory: str | None) -> dict[str, object] | None:
+    """``runtime``/``[runtimes]`` of the last version of ``path`` that parsed, or None.
+
+    A TOML syntax error must not silently send ``runc-guard-nvidia`` to plain runc
+    (GPU pods would start without GPUs): the shim routes by this copy instead.
+    """
+    if not cache_directory:
+        return None
+    found = _read_trusted(_last_good_file(cache_directory, path))
+    if found is None:
+        return None
+    try:
+        cached_path, routing = marshal.loads(found)
+    except (ValueError, EOFError, TypeError):
+        return None
+    if cached_path != path or not isinstance(routing, dict):
+        return None
+    return routing
+
+
+def first_report(cache_directory: str | None, path: str, problem: str) -> bool:
+    """True the first time ``problem`` is seen for this version of ``path`` (once per edit).
+
+    A broken settings file is reported to the journal once, not by every runtime
+    call of every container: the marker's name holds the file's stat key and a
+    checksum of the problem, so an edit (new ctime) or a new problem reports again.
+    """
+    if not cache_directory:
+        return True
+    import binascii
+
+    try:
+        key = "-".join(str(k) for k in _stat_key(os.stat(path)))
+    except OSError:
+        key = "absent"
+    crc = binascii.crc32(problem.encode("utf-8", "surrogateescape"))
+    marker = os.path.join(cache_directory, f"reported{path.replace('/', '%')}-{key}-{crc:08x}")
+    try:
+        os.makedirs(cache_directory, mode=0o700, exist_ok=True)
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _read_trusted(path: str) -> bytes | None:
+    """A cache file's bytes, only if it is ours and not writable by others (marshal input)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not _trusted(os.fstat(fd)):
+            return None
+        return os.read(fd, MAX_CONFIG_BYTES * 4)
+    finally:
+        os.close(fd)
+
+
 def read_settings_file(path: str, cache_directory: str | None) -> dict[str, object]:
     """The settings file as a dict; ``{}`` when it does not exist.
 
@@ -105,6 +185,7 @@ def read_settings_file(path: str, cache_directory: str | None) -> dict[str, obje
 
     with open(path, "rb") as f:
         data: dict[str, object] = tomllib.load(f)
-    if cache is not None:
+    if cache is not None and cache_directory:
         _write_cache(cache, path, key, data)
+        _keep_last_good(cache_directory, path, data)
     return data

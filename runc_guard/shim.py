@@ -7,6 +7,11 @@ imports only ``os``, ``sys`` and runc-guard's stdlib-only argv/settings/runtime
 modules; the delete path loads the rest. It never writes to stdout, and writes
 to stderr only when it cannot exec at all: go-runc reads ``state`` and ``ps``
 output with stderr combined into stdout, so a stray warning would corrupt JSON.
+
+A settings error never changes where a call goes: a file that no longer parses
+routes by the last version that did (``settings_file.last_good_routing``); with
+no such copy, a call under a non-default name (``runc-guard-nvidia``) fails with
+a clear line instead of silently reaching plain runc.
 """
 
 from __future__ import annotations
@@ -16,10 +21,18 @@ import sys
 
 from runc_guard import argv as argv_mod
 from runc_guard.errors import EXIT_CONFIG, EXIT_RUNTIME_UNAVAILABLE, RuncGuardError
-from runc_guard.runtime import exec_runtime, resolve_runtime, runtime_name_for
-from runc_guard.settings_file import cache_dir, config_path, read_settings_file
+from runc_guard.runtime import DEFAULT_RUNTIME, exec_runtime, resolve_runtime, runtime_name_for
+from runc_guard.settings_file import (
+    cache_dir,
+    config_path,
+    first_report,
+    last_good_routing,
+    read_settings_file,
+)
 
 PROG = "runc-guard"
+#: Names under which the default runtime is the right target even without settings.
+DEFAULT_NAMES = frozenset({PROG, DEFAULT_RUNTIME})
 
 
 def _journal(environ: os._Environ[str], event: str, message: str, priority: int) -> None:
@@ -37,40 +50,104 @@ def _fail(message: str, code: int, environ: os._Environ[str]) -> int:
     return code
 
 
-def _read_raw(environ: os._Environ[str]) -> tuple[dict[str, object], str | None]:
-    """The settings file, or defaults plus the reason it could not be used."""
+class _Routing:
+    """What the settings say about routing, and what is wrong with them (if anything)."""
+
+    __slots__ = ("problem", "raw", "usable")
+
+    def __init__(self, raw: dict[str, object], problem: str | None, usable: bool) -> None:
+        self.raw = raw
+        self.problem = problem
+        #: False: no trustworthy routing for a non-default name; the call must fail.
+        self.usable = usable
+
+
+def _settings(environ: os._Environ[str], invoked_as: str) -> _Routing:
+    """The settings file, or the last good routing, or defaults, and why."""
     path = config_path(environ)
+    cache = cache_dir(environ)
     try:
-        return read_settings_file(path, cache_dir(environ)), None
-    except (OSError, ValueError) as exc:
-        return {}, f"settings file {path}: {exc}"
+        raw = read_settings_file(path, cache)
+        runtime_name_for(invoked_as, raw, environ)  # routing keys of the wrong type?
+        return _Routing(raw, None, True)
+    except (OSError, ValueError, TypeError) as exc:
+        problem = f"settings file {path}: {exc}"
+    last_good = last_good_routing(path, cache)
+    if last_good is not None:
+        return _Routing(last_good, problem + "; routing by its last good version", True)
+    return _Routing({}, problem, invoked_as in DEFAULT_NAMES)
 
 
-def main() -> int:
+def _known_to_anyone(
+    invocation: argv_mod.Invocation, raw: dict[str, object], environ: os._Environ[str]
+) -> bool:
+    """Does the runtime or a pending record know this container? (cheap stats only)
+
+    containerd 1.6 follows every normal task delete with a dead-shim style
+    ``delete --force`` of a container that is gone by then: such a call is a
+    plain exec, without loading the delete path or logging anything.
+    """
+    container_dir = os.path.join(invocation.root, invocation.container_id or "")
+    if os.path.exists(os.path.join(container_dir, "state.json")) or os.path.exists(
+        os.path.join(container_dir, "status")
+    ):
+        return True
+    level = environ.get("RUNC_GUARD_LOG_LEVEL") or raw.get("log_level")
+    if isinstance(level, str) and level.lower() == "debug":
+        return True  # let the delete path log the unknown delete at debug level
+    from runc_guard.pending import record_path
+
+    pending_dir = environ.get("RUNC_GUARD_PENDING_DIR") or raw.get("pending_dir")
+    if not isinstance(pending_dir, str) or not pending_dir.startswith("/"):
+        pending_dir = "/run/runc-guard/pending"
+    record = record_path(pending_dir, os.path.abspath(invocation.root), invocation.container_id or "")
+    return os.path.exists(record)
+
+
+def _reraise(noted: list[int]) -> None:
+    """A signal that came while we started: die of it as the runtime would have, before exec."""
+    if noted:
+        import _signal  # type: ignore[import-not-found]
+
+        _signal.signal(noted[0], _signal.SIG_DFL)
+        os.kill(os.getpid(), noted[0])
+
+
+def main(noted: list[int] | None = None) -> int:
+    """Route one runtime call; ``noted`` holds signals the launcher caught during start-up."""
+    noted = [] if noted is None else noted
     environ = os.environ
     args = sys.argv[1:]
     invoked_as = os.path.basename(sys.argv[0])
-    self_path = sys.argv[0]
     invocation = argv_mod.parse(args)
-    raw, config_problem = _read_raw(environ)
+    routing = _settings(environ, invoked_as)
+    problem = routing.problem
+    if problem is not None and first_report(cache_dir(environ), config_path(environ), problem):
+        _journal(environ, "config_invalid", problem, 4)
+    if not routing.usable:
+        return _fail(
+            f"{routing.problem}; no last good routing for {invoked_as!r}: refusing to guess its runtime",
+            EXIT_CONFIG,
+            environ,
+        )
     try:
-        name = runtime_name_for(invoked_as, raw, environ)
-    except TypeError as exc:
+        name = runtime_name_for(invoked_as, routing.raw, environ)
+        runtime = resolve_runtime(name, sys.argv[0], environ)
+    except TypeError as exc:  # a last-good copy can only hold what once parsed; be safe anyway
         return _fail(f"invalid settings: {exc}", EXIT_CONFIG, environ)
-    try:
-        runtime = resolve_runtime(name, self_path, environ)
     except RuncGuardError as exc:
         return _fail(str(exc), exc.exit_code, environ)
-    if invocation.is_delete:
+    if invocation.is_delete and _known_to_anyone(invocation, routing.raw, environ):
+        # Until the delete path has its own handlers, a signal is only noted (the
+        # launcher set that up): the delete starts by honouring it.
         from runc_guard.delete import run_delete
 
-        status = run_delete(invocation, args, runtime, raw, config_problem, environ)
+        status = run_delete(invocation, args, runtime, routing.raw, routing.problem, environ, noted)
         # Everything is written and closed by now; tearing down the ~300 modules the
         # delete path loaded would only delay containerd's shim by ~12 ms.
         sys.stderr.flush()
         os._exit(status)
-    if config_problem is not None:
-        _journal(environ, "config_invalid", config_problem + "; using defaults", 4)
+    _reraise(noted)
     try:
         exec_runtime(runtime, args)
     except OSError as exc:

@@ -14,12 +14,23 @@ import errno
 import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 
-from runc_guard.errors import StateUnreadable
+from runc_guard.errors import StateMissing, StateUnreadable
 
 #: runc's state.json is ~10-40 KiB (it embeds the OCI-derived config).
 MAX_STATE_BYTES = 8 << 20
+
+#: How the container's PID namespace relates to the host (``ContainerState.pid_namespace``).
+#: runc's destroy() SIGKILLs every process of the cgroup itself only for ``host`` and
+#: ``joined`` (signalAllProcesses); in a ``private`` namespace the kernel kills them
+#: when init dies. ``unknown``: the state does not say (crun's status file).
+PID_HOST, PID_JOINED, PID_PRIVATE, PID_UNKNOWN = "host", "joined", "private", "unknown"
+
+#: containerd's CRI annotations, which runc keeps as ``key=value`` labels in its config.
+SANDBOX_ID_LABEL = "io.kubernetes.cri.sandbox-id"
+CONTAINER_TYPE_LABEL = "io.kubernetes.cri.container-type"
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,25 @@ class ContainerState:
     #: ``config.cgroups.path`` (cgroupfs driver, absolute) or "" when not given.
     cgroups_path: str = ""
     systemd_name: str = field(default="")
+    #: One of PID_HOST, PID_JOINED, PID_PRIVATE, PID_UNKNOWN.
+    pid_namespace: str = PID_UNKNOWN
+    #: Wall-clock ``created`` of the state (seconds since the epoch), 0 when absent.
+    created: float = 0.0
+    #: ``config.labels`` as a dict: the bundle and the OCI annotations (CRI sandbox id ...).
+    labels: Mapping[str, str] = field(default_factory=dict)
+    #: ``config.cgroups.Systemd``: runc used the systemd cgroup driver for this container.
+    systemd: bool = False
+    #: ``config.cgroups.scope_prefix`` (systemd driver), e.g. ``cri-containerd``.
+    scope_prefix: str = ""
+
+    @property
+    def sandbox_id(self) -> str:
+        """The CRI pod sandbox this container belongs to ("" outside CRI)."""
+        return self.labels.get(SANDBOX_ID_LABEL, "")
+
+    @property
+    def is_sandbox(self) -> bool:
+        return self.labels.get(CONTAINER_TYPE_LABEL) == "sandbox" and self.sandbox_id == self.container_id
 
 
 def state_file(root: str, container_id: str) -> str:
@@ -90,23 +120,64 @@ def parse_state(raw: bytes, container_id: str, path: str = "state.json") -> Cont
         raise StateUnreadable(f"{path}: init_process_pid must be a pid, got {pid!r}")
     if isinstance(start, bool) or not isinstance(start, int) or start < 0:
         raise StateUnreadable(f"{path}: init_process_start must be clock ticks, got {start!r}")
-    cgroups_path = ""
-    systemd_name = ""
     config = doc.get("config")
-    cgroups = config.get("cgroups") if isinstance(config, dict) else None
-    if isinstance(cgroups, dict):
-        if isinstance(cgroups.get("path"), str):
-            cgroups_path = cgroups["path"]
-        if isinstance(cgroups.get("name"), str):
-            systemd_name = cgroups["name"]
+    config = config if isinstance(config, dict) else {}
+    cgroups = config.get("cgroups")
+    cgroups = cgroups if isinstance(cgroups, dict) else {}
     return ContainerState(
         container_id=container_id,
         cgroup_paths={k: v for k, v in paths.items() if v},
         init_pid=pid,
         init_start=start,
-        cgroups_path=cgroups_path,
-        systemd_name=systemd_name,
+        cgroups_path=_str(cgroups.get("path")),
+        systemd_name=_str(cgroups.get("name")),
+        pid_namespace=_pid_namespace(config.get("namespaces")),
+        created=_timestamp(doc.get("created")),
+        labels=_labels(config.get("labels")),
+        systemd=cgroups.get("Systemd") is True,
+        scope_prefix=_str(cgroups.get("scope_prefix")),
     )
+
+
+def _str(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _pid_namespace(namespaces: object) -> str:
+    """``config.namespaces``: NEWPID absent -> host; with a path -> joined; else private."""
+    if not isinstance(namespaces, list):
+        return PID_UNKNOWN
+    for ns in namespaces:
+        if isinstance(ns, dict) and ns.get("type") == "NEWPID":
+            return PID_JOINED if ns.get("path") else PID_PRIVATE
+    return PID_HOST
+
+
+def _labels(labels: object) -> dict[str, str]:
+    """runc stores ``bundle=<dir>`` and every OCI annotation as ``key=value`` strings."""
+    out: dict[str, str] = {}
+    if isinstance(labels, list):
+        for item in labels:
+            if isinstance(item, str) and "=" in item:
+                key, value = item.split("=", 1)
+                out[key] = value
+    return out
+
+
+def _timestamp(value: object) -> float:
+    """RFC 3339 with nanoseconds (Go's time.Time JSON) -> epoch seconds; 0.0 when unusable."""
+    if not isinstance(value, str) or not value:
+        return 0.0
+    text = value.replace("Z", "+00:00")
+    # Python 3.11 parses at most microseconds: cut the fraction to 6 digits.
+    head, dot, rest = text.partition(".")
+    if dot:
+        digits = "".join(c for c in rest if c.isdigit())
+        text = f"{head}.{digits[:6]}{rest[len(digits) :]}"
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def crun_status_file(root: str, container_id: str) -> str:
@@ -133,7 +204,32 @@ def parse_crun_status(
         init_pid=pid,
         init_start=start,
         cgroups_path=relative,
+        created=_timestamp(doc.get("created")),
+        systemd=doc.get("systemd-cgroup") is True,
     )
+
+
+def _with_oci_config(state: ContainerState, path: str) -> ContainerState:
+    """crun keeps the container's OCI config.json beside its status: the PID namespace and
+    the annotations (CRI sandbox id) come from there. Unreadable: the state as it was."""
+    try:
+        raw = _read(path)
+        doc = _json_object(raw, path) if raw is not None else {}
+    except StateUnreadable:
+        return state
+    linux = doc.get("linux")
+    namespaces = linux.get("namespaces") if isinstance(linux, dict) else None
+    pid_namespace = state.pid_namespace
+    if isinstance(namespaces, list):
+        pid_namespace = PID_HOST
+        for ns in namespaces:
+            if isinstance(ns, dict) and ns.get("type") == "pid":
+                pid_namespace = PID_JOINED if ns.get("path") else PID_PRIVATE
+    annotations = doc.get("annotations")
+    labels = dict(state.labels)
+    if isinstance(annotations, dict):
+        labels.update({k: v for k, v in annotations.items() if isinstance(k, str) and isinstance(v, str)})
+    return replace(state, pid_namespace=pid_namespace, labels=labels)
 
 
 def runtime_state_exists(root: str, container_id: str) -> bool:
@@ -171,5 +267,6 @@ def read_state(
         crun_path = crun_status_file(root, container_id)
         raw = _read(crun_path)
         if raw is not None:
-            return parse_crun_status(raw, container_id, mounts(), crun_path)
-    raise StateUnreadable(f"no runtime state at {path}")
+            state = parse_crun_status(raw, container_id, mounts(), crun_path)
+            return _with_oci_config(state, os.path.join(root, container_id, "config.json"))
+    raise StateMissing(f"no runtime state at {path}")

@@ -29,8 +29,10 @@ from runc_guard.cgroupfs import CgroupFsOps
 from runc_guard.cleanup import CleanupReport, attempt_removal, subtree_leaf_first
 from runc_guard.discovery import ContainerUnit, Discovery
 from runc_guard.errors import CgroupRemovalFailed, SweepLocked
+from runc_guard.orphans import ORPHAN, Orphans, StateFacts, judge
 from runc_guard.pacing import NodeSignals, Pacer, PacingSettings, RmdirTimer, percentile, real_signals
 from runc_guard.pending import remove_record
+from runc_guard.systemd_scope import release_failed_scopes
 
 DEFAULT_RUNTIME_ROOT = "/run/containerd/runc"
 DEFAULT_BUNDLE_ROOT = "/run/containerd/io.containerd.runtime.v2.task"
@@ -58,6 +60,10 @@ class RuntimeDirs:
 
     runtime_root: str = DEFAULT_RUNTIME_ROOT
     bundle_root: str = DEFAULT_BUNDLE_ROOT
+    #: Flat state roots (``<root>/<id>``: runc's /run/runc, crun's /run/crun): state there keeps a unit too.
+    state_roots: tuple[str, ...] = ()
+    #: Judges state whose init is dead and re-drives the runtime's delete; None: any state keeps its unit.
+    orphans: Orphans | None = None
 
     @staticmethod
     def _in_any_namespace(root: str, container_id: str) -> bool:
@@ -70,6 +76,8 @@ class RuntimeDirs:
     def has_state(self, container_id: str, record_root: str | None = None) -> bool:
         """runc state exists: the ``<id>`` directory, which runc makes before its state.json."""
         if record_root and os.path.lexists(os.path.join(record_root, container_id)):
+            return True
+        if any(os.path.lexists(os.path.join(root, container_id)) for root in self.state_roots):
             return True
         return self._in_any_namespace(self.runtime_root, container_id)
 
@@ -90,6 +98,8 @@ class UnitFacts:
     #: mtime of the youngest present directory (None when nothing is present).
     newest: float | None
     unsafe: str | None = None
+    #: A look at each runtime state of the container (only when orphans are judged).
+    states: tuple[StateFacts, ...] = ()
 
 
 def read_facts(unit: ContainerUnit, fs: CgroupFsOps, runtime: RuntimeDirs) -> UnitFacts:
@@ -108,12 +118,17 @@ def read_facts(unit: ContainerUnit, fs: CgroupFsOps, runtime: RuntimeDirs) -> Un
             newest = mtime if newest is None else max(newest, mtime)
             if fs.read_procs(path):
                 populated.append(path)
+    has_state = runtime.has_state(unit.container_id, unit.runtime_root)
+    states: tuple[StateFacts, ...] = ()
+    if has_state and runtime.orphans is not None:
+        states = tuple(runtime.orphans.of(unit.container_id, unit.runtime_root))
     return UnitFacts(
         tuple(present),
         tuple(populated),
-        runtime.has_state(unit.container_id, unit.runtime_root),
+        has_state,
         runtime.has_bundle(unit.container_id),
         newest,
+        states=states,
     )
 
 
@@ -128,21 +143,35 @@ class Verdict:
     reason: str
 
 
+def orphaned(facts: UnitFacts, now: float, min_age: float) -> bool:
+    """Every runtime state of the unit is an orphan (init dead, no bundle, no shim, old)."""
+    return bool(facts.states) and all(judge(s, now, min_age) == ORPHAN for s in facts.states)
+
+
 def decide(facts: UnitFacts, now: float, min_age: float) -> Verdict:
-    """Remove only a unit that is empty everywhere, unknown to runc and containerd, and old."""
+    """Remove only a unit that is empty everywhere, unknown to runc and containerd, and old.
+
+    Runtime state whose container is gone (:func:`orphaned`) does not keep the
+    unit: it is re-driven (``orphan_state``), even when its cgroups are gone
+    already, and even while processes are left in them: the runtime's own
+    ``delete --force`` kills what it would have killed had containerd re-run it
+    (every process of a host-PID container); runc-guard kills nothing here and
+    removes only what is empty afterwards.
+    """
     if facts.unsafe is not None:
         return Verdict("keep", "unsafe_path")
-    if not facts.present:
+    stale_state = facts.has_state and orphaned(facts, now, min_age)
+    if not facts.present and not stale_state:
         return Verdict("forget", "gone")
-    if facts.populated:
+    if facts.populated and not stale_state:
         return Verdict("keep", "populated")
-    if facts.has_state:
+    if facts.has_state and not stale_state:
         return Verdict("keep", "runtime_state")
     if facts.has_bundle:
         return Verdict("keep", "bundle")
-    if facts.newest is None or now - facts.newest < min_age:
+    if facts.present and (facts.newest is None or now - facts.newest < min_age):
         return Verdict("keep", "too_young")
-    return Verdict("remove", "orphan")
+    return Verdict("remove", "orphan_state" if stale_state else "orphan")
 
 
 def sys_percent(before: tuple[float, float], after: tuple[float, float]) -> float | None:
@@ -241,6 +270,8 @@ class SweepReport:
     baseline: dict[str, Any] = field(default_factory=dict)
     #: id, pod, dirs and what happened, for every unit (dry run: what would happen).
     containers: list[dict[str, Any]] = field(default_factory=list)
+    #: Each re-run of a runtime's ``delete --force`` for orphaned state, with its output.
+    redriven: list[dict[str, Any]] = field(default_factory=list)
 
     def keep(self, reason: str) -> None:
         self.kept[reason] = self.kept.get(reason, 0) + 1
@@ -291,7 +322,8 @@ class Sweeper:
                 verdict = decide(facts, self.wall(), self.options.min_age)
                 if verdict.action == "remove":
                     report.candidates += 1
-                    self._note(report, unit, "would_remove", len(facts.present))
+                    would = "would_redrive" if verdict.reason == "orphan_state" else "would_remove"
+                    self._note(report, unit, would, len(facts.present))
                 else:
                     self._settle(report, unit, verdict, len(facts.present))
         elif units:
@@ -299,6 +331,15 @@ class Sweeper:
             # the batches. A pass over 8147 units up front was 4-5 s of uninterrupted
             # cgroupfs reads, the part of the sweep the rest of the node felt most.
             self._remove_in_batches(units, report, started)
+        # systemd driver: failed scopes of gone containers are reset through systemd (it then
+        # collects the unit). After the units, so that a re-driven orphan's state is gone and
+        # its scope is reset in this same sweep rather than the next one.
+        report.containers.extend(
+            release_failed_scopes(
+                self.runtime.has_state, self.runtime.has_bundle, report.hierarchies,
+                self.fs.read_procs, self.options.dry_run,
+            )
+        )  # fmt: skip
         report.duration = round(self.clock() - started, 3)
         return report
 
@@ -326,6 +367,8 @@ class Sweeper:
             self._settle(report, unit, verdict, len(facts.present))
             return
         report.candidates += 1
+        if verdict.reason == "orphan_state" and not self._redrive(unit, facts, report):
+            return
         cleanup = CleanupReport()
         failed: CgroupRemovalFailed | None = None
         try:
@@ -349,6 +392,28 @@ class Sweeper:
             remove_record(unit.record)
             report.records_cleared += 1
         self._note(report, unit, "removed", len(cleanup.removed))
+
+    def _redrive(self, unit: ContainerUnit, facts: UnitFacts, report: SweepReport) -> bool:
+        """Re-run the runtime's own ``delete --force`` for each orphaned state; False if any is left.
+
+        runc >= 1.2 removes the cgroups itself once they are empty and then its
+        state; whatever it leaves is removed below as for any leaked unit. State
+        that survives its runtime's delete stays for the next sweep (and the audit).
+        """
+        assert self.runtime.orphans is not None  # decide() saw states: only read with orphans
+        left: list[str] = []
+        for state in facts.states:
+            done = self.runtime.orphans.act(state, unit.runtime)
+            report.redriven.append(done.as_dict())
+            if done.state_left:
+                why = done.error or f"exit status {done.exit_code}: {done.output.splitlines()[-1:]}"
+                left.append(f"{state.state.path} ({why})")
+        if left:
+            report.errors.append(f"{unit.container_id}: runtime state kept after delete --force: "
+                                 + "; ".join(left))
+            self._note(report, unit, "error", len(facts.present))
+            return False
+        return True
 
     def _remove_in_batches(
         self, candidates: Sequence[ContainerUnit], report: SweepReport, started: float

@@ -36,10 +36,22 @@ class FakeCgroupFs:
         self.waits: list[tuple[tuple[str, ...], float, float]] = []
         self.on_wait: Callable[[FakeCgroupFs], None] | None = None
         self.dies_on_kill = True
+        #: Live pids that are on their way out (SIGKILL pending, exiting).
+        self.dying: set[int] = set()
+        #: Directory mtimes; a directory added without one is as new as the clock.
+        self.mtimes: dict[str, float] = {}
 
-    def add(self, path: str, pids: Iterable[int] = ()) -> None:
+    def add(self, path: str, pids: Iterable[int] = (), mtime: float | None = None) -> None:
         self.dirs[path] = list(pids)
-        self.alive.update(pids)
+        self.alive.update(p for p in self.dirs[path] if p > 0)
+        if mtime is not None:
+            self.mtimes[path] = mtime
+
+    def modified_at(self, path: str) -> float | None:
+        return self.mtimes.get(path, self.clock.now) if path in self.dirs else None
+
+    def pid_dying(self, pid: int) -> bool:
+        return pid in self.dying or pid not in self.alive
 
     def fs_magic(self, path: str) -> int:
         for prefix, magic in sorted(self.magic.items(), key=lambda kv: -len(kv[0])):

@@ -16,7 +16,7 @@ from runc_guard.audit import (
     AuditReport,
     PodLeak,
     audit,
-    gauges,
+    families,
     judge,
     runtime_entries,
 )
@@ -146,19 +146,28 @@ def test_judge_stale_and_unusable_records() -> None:
     assert "2 unusable pending record(s)" in bad.message
 
 
-def test_gauges() -> None:
-    """Audit figures become gauges; the runtime info gauge carries path and version labels."""
+def test_families() -> None:
+    """Audit figures become gauges: totals, per pod, orphans, pending age, the runtime's name and version."""
     report = leaky_report(leaked=5, pending_ages=(30.0, 90.0))
     report.runtime = {"name": "runc", "path": "/usr/sbin/runc", "version": "runc version 1.1.5"}
+    report.orphaned_states = [{"container_id": cid(1)}]
+    report.state_verdicts = {"alive": 3, "orphan": 1}
     judge(report, 0, 1800)
-    by_name = {g.name: g for g in gauges(report, NOW)}
-    assert by_name["runc_guard_leaked_containers"].value == 5
-    assert by_name["runc_guard_leaked_cgroup_dirs"].value == 50
-    assert by_name["runc_guard_pending_oldest_age_seconds"].value == 90.0
-    assert by_name["runc_guard_audit_ok"].value == 0
-    assert by_name["runc_guard_runtime_info"].labels == {
-        "path": "/usr/sbin/runc", "version": "runc version 1.1.5"
+    by_name = {f.name: dict(f.samples) for f in families(report, NOW)}
+    assert by_name["runc_guard_leaked_containers"][()] == 5
+    assert by_name["runc_guard_leaked_cgroup_dirs"][()] == 50
+    assert by_name["runc_guard_pending_oldest_age_seconds"][()] == 90.0
+    assert by_name["runc_guard_audit_ok"][()] == 0
+    assert by_name["runc_guard_orphaned_runtime_states"][()] == 1
+    assert by_name["runc_guard_runtime_states"][(("verdict", "alive"),)] == 3
+    assert by_name["runc_guard_runtime_states"][(("verdict", "shim"),)] == 0
+    assert by_name["runc_guard_pod_leaked_containers"] == {
+        (("pod", POD), ("pod_uid", "11111111")): 5
     }
+    assert by_name["runc_guard_runtime_info"] == {
+        (("name", "runc"), ("path", "/usr/sbin/runc"), ("version", "1.1.5")): 1
+    }
+    assert by_name["runc_guard_runtime_found"][()] == 1
 
 
 def test_cli_unknown_when_it_cannot_run(tmp_path: Path) -> None:
@@ -169,14 +178,16 @@ def test_cli_unknown_when_it_cannot_run(tmp_path: Path) -> None:
     assert result.output.startswith("UNKNOWN: no cgroup filesystem is mounted")
 
 
-def test_cli_bad_settings_are_unknown(tmp_path: Path) -> None:
-    """A broken settings file is 'unknown' to NPD, not a leak."""
+def test_cli_bad_settings_are_a_problem(tmp_path: Path) -> None:
+    """A broken settings file is an NPD problem naming the key (issue 11), and the audit still runs."""
     config = tmp_path / "config.toml"
     config.write_text("no_such_key = 1\n")
     env = {"RUNC_GUARD_CONFIG": str(config), "RUNC_GUARD_CACHE_DIR": str(tmp_path / "cache")}
-    result = CliRunner().invoke(cli, ["audit"], env=env)
-    assert result.exit_code == 2
-    assert "unknown setting" in result.output
+    args = ["audit", "--kubepods", "rgsweep-absent-tree", "--runtime-root", str(tmp_path),
+            "--bundle-root", str(tmp_path), "--state-root", str(tmp_path)]
+    result = CliRunner().invoke(cli, args, env=env)
+    assert result.exit_code == 1, result.output
+    assert "invalid settings" in result.output and "no_such_key" in result.output
 
 
 def test_cli_ok_on_this_node_json(tmp_path: Path) -> None:
@@ -186,7 +197,7 @@ def test_cli_ok_on_this_node_json(tmp_path: Path) -> None:
         "RUNC_GUARD_PENDING_DIR": str(tmp_path / "pending"),
     }
     args = ["audit", "--kubepods", "rgsweep-absent-tree", "--runtime-root", str(tmp_path),
-            "--bundle-root", str(tmp_path), "--format", "json"]
+            "--bundle-root", str(tmp_path), "--state-root", str(tmp_path), "--format", "json"]
     result = CliRunner().invoke(cli, args, env=env)
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)

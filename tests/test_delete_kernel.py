@@ -50,10 +50,13 @@ def test_runc_guard_leaves_nothing(shim_binary: str, workdir: str) -> None:
     assert result["stdout"] == ""
     events = read_jsonl(os.path.join(workdir, "events.jsonl"))
     (entry,) = [e for e in events if e["event"] == "delete"]
-    assert entry["outcome"] == "removed" and entry["container_id"] == result["container_id"]
+    # init was dead: runc-guard waited for the release *before* runc ran, so runc's own
+    # removal succeeded; what runc could not remove (the nested child cgroup) runc-guard did
+    assert entry["outcome"] in ("removed", "already_gone") and entry["container_id"] == result["container_id"]
     assert entry["attempts"] >= 2 and entry["waited_ms"] > 0  # it really waited for the release
+    assert entry["init_alive"] is False and entry["runtime_runs"] == 1
     stats = read_jsonl(os.path.join(workdir, "stats.jsonl"))
-    assert stats[-1]["outcome"] == "removed"
+    assert stats[-1]["outcome"] == entry["outcome"]
 
 
 def test_deadline_gives_exit_75_log_line_and_record(shim_binary: str, workdir: str) -> None:
@@ -80,7 +83,8 @@ def test_journald_receives_canonical_entry(shim_binary: str, workdir: str) -> No
         entries = journal.wait_entries(f"CONTAINER_ID={result['container_id']}", "EVENT=delete")
     (entry,) = entries
     assert entry["SYSLOG_IDENTIFIER"] == "runc-guard"
-    assert entry["OUTCOME"] == "removed" and int(entry["ATTEMPTS"]) >= 2 and int(entry["WAITED_MS"]) > 0
+    assert entry["OUTCOME"] in ("removed", "already_gone")
+    assert int(entry["ATTEMPTS"]) >= 2 and int(entry["WAITED_MS"]) > 0
     assert entry["PRIORITY"] == "6"
     assert not os.path.exists(os.path.join(workdir, "events.jsonl"))  # journald took it
 
@@ -123,7 +127,7 @@ def test_pure_cgroup_v2(shim_binary: str, tmp_path: os.PathLike[str]) -> None:
 
 
 def test_no_state_passes_delete_through(shim_binary: str, workdir: str) -> None:
-    """Unknown container: runc's own answer and exit status, a warning in the log, no traceback."""
+    """Unknown container: runc's own answer and exit status; quiet (nothing happened), no metric."""
     root = os.path.join(workdir, "root")
     os.mkdir(root)
     args = ["--root", root, "delete", "--force", "rgtest-absent"]
@@ -133,8 +137,16 @@ def test_no_state_passes_delete_through(shim_binary: str, workdir: str) -> None:
     )
     assert guard.returncode == stock.returncode
     assert "Traceback" not in guard.stderr and stock.stderr.strip().split("msg=")[-1] in guard.stderr
-    events = [e["event"] for e in read_jsonl(os.path.join(workdir, "events.jsonl"))]
-    assert events == ["state_unreadable", "delete"]
+    assert read_jsonl(os.path.join(workdir, "events.jsonl")) == []
+    assert read_jsonl(os.path.join(workdir, "stats.jsonl")) == []
+    debug = subprocess.run(
+        [shim_binary, *args], capture_output=True, text=True, check=False,
+        env=guard_env(workdir, RUNC_GUARD_LOG_LEVEL="debug"),
+    )
+    assert debug.returncode == stock.returncode
+    (entry,) = read_jsonl(os.path.join(workdir, "events.jsonl"))
+    assert (entry["level"], entry["outcome"]) == ("debug", "unknown")
+    assert read_jsonl(os.path.join(workdir, "stats.jsonl")) == []
 
 
 class ForeignProcess:
@@ -155,7 +167,7 @@ def test_recycled_init_pid_is_never_signalled(shim_binary: str, workdir: str) ->
     try:
         with crafted_container(workdir, init_pid=foreign.proc.pid) as ctr:
             straggler = ctr.add_process()
-            env = guard_env(workdir, RUNC_GUARD_RUNTIME="/bin/true")
+            env = guard_env(workdir, RUNC_GUARD_RUNTIME=ctr.runtime())
             proc = subprocess.run([shim_binary, "--root", ctr.root, "delete", "--force", ctr.id],
                                   capture_output=True, text=True, env=env, check=False, timeout=30)
             assert proc.returncode == 0, proc.stderr
@@ -167,13 +179,13 @@ def test_recycled_init_pid_is_never_signalled(shim_binary: str, workdir: str) ->
         foreign.stop()
 
 
-def test_tampered_state_touches_nothing(shim_binary: str, workdir: str) -> None:
-    """state.json aiming at a parent cgroup: exit 65, runtime not run, sibling process untouched."""
+def test_state_escaping_cgroupfs_touches_nothing(shim_binary: str, workdir: str) -> None:
+    """state.json aiming outside the cgroup filesystems (tampering): exit 65, runtime not run."""
     with crafted_container(workdir) as ctr:
         sibling = ctr.add_process(("memory",))
         with open(ctr.state_path()) as f:
             doc = json.load(f)
-        doc["cgroup_paths"]["memory"] = os.path.dirname(ctr.dir_in("memory"))  # not the container
+        doc["cgroup_paths"]["memory"] = workdir  # a tmpfs/ext4 dir, not a cgroup
         with open(ctr.state_path(), "w") as f:
             json.dump(doc, f)
         marker = os.path.join(workdir, "runtime-ran")
@@ -188,11 +200,36 @@ def test_tampered_state_touches_nothing(shim_binary: str, workdir: str) -> None:
         assert all(os.path.isdir(p) for p in ctr.dirs)
 
 
+def test_state_naming_a_parent_cgroup_steps_aside(shim_binary: str, workdir: str) -> None:
+    """state.json naming a cgroup that is not the container's (its parent): runc-guard steps aside.
+    The runtime runs unchanged and its status is returned; runc-guard kills and removes nothing."""
+    with crafted_container(workdir) as ctr:
+        sibling = ctr.add_process(("memory",))
+        with open(ctr.state_path()) as f:
+            doc = json.load(f)
+        doc["cgroup_paths"]["memory"] = os.path.dirname(ctr.dir_in("memory"))  # not the container
+        with open(ctr.state_path(), "w") as f:
+            json.dump(doc, f)
+        marker = os.path.join(workdir, "runtime-ran")
+        runtime = script(os.path.join(workdir, "fake-runtime"), f"touch {marker}; exit 3")
+        env = guard_env(workdir, RUNC_GUARD_RUNTIME=runtime)
+        proc = subprocess.run([shim_binary, "--root", ctr.root, "delete", "--force", ctr.id],
+                              capture_output=True, text=True, env=env, check=False)
+        assert proc.returncode == 3 and "Traceback" not in proc.stderr
+        assert os.path.exists(marker), "stepping aside means the runtime runs as it would alone"
+        assert sibling.poll() is None
+        assert all(os.path.isdir(p) for p in ctr.dirs)
+        assert not os.path.exists(os.path.join(workdir, "pending")), "stepping aside records nothing"
+        events = read_jsonl(os.path.join(workdir, "events.jsonl"))
+        assert [e["event"] for e in events] == ["step_aside", "delete"]
+        assert events[-1]["outcome"] == "stepped_aside" and events[-1]["level"] == "warning"
+
+
 def test_sigterm_during_wait_keeps_record(shim_binary: str, workdir: str) -> None:
     """SIGTERM while waiting for a held cgroup: exit 143, record kept for the sweep, clear reason."""
     with crafted_container(workdir) as ctr:
         straggler = ctr.add_process()
-        env = guard_env(workdir, RUNC_GUARD_RUNTIME="/bin/true", RUNC_GUARD_KILL_STRAGGLERS="false",
+        env = guard_env(workdir, RUNC_GUARD_RUNTIME=ctr.runtime(), RUNC_GUARD_KILL_STRAGGLERS="false",
                         RUNC_GUARD_DELETE_TIMEOUT="30")
         proc = subprocess.Popen([shim_binary, "--root", ctr.root, "delete", "--force", ctr.id],
                                 stderr=subprocess.PIPE, text=True, env=env)

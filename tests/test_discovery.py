@@ -199,7 +199,7 @@ def test_pending_record_outside_kubepods_is_its_own_unit(fake_fs: FakeCgroupFs, 
     ("paths", "why"),
     [
         (["/etc/ctr1"], "not below any cgroup mount"),
-        (["/cg/memory/kubepods/burstable/pod11111111"], "pod- or QoS-level"),
+        (["/cg/memory/kubepods/burstable/pod11111111"], "not named after container"),
         (["/cg/memory/system.slice"], "not named after container"),
         (["/cg/memory/../../etc/ctr1"], "not a normalised path"),
     ],

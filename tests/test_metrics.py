@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from runc_guard import metrics
 from runc_guard.cli import cli
 from runc_guard.metrics import (
-    Gauge,
+    Family,
     apply_delete_line,
     fold,
     fold_stats,
@@ -172,15 +172,15 @@ def test_record_sweep_accumulates(state_file: Path) -> None:
 
 
 def test_render_is_valid_prometheus_text() -> None:
-    """The exposition parses with the reference parser; histogram is cumulative with +Inf = count."""
+    """prometheus-client's exposition parses back; histogram is cumulative with +Inf = count."""
     state = new_state()
     for waited in (1, 30, 30, 700, 99_000):
         apply_delete_line(state, line(waited_ms=waited).encode())
     record_sweep(state, {"removed": 1, "dirs_removed": 10, "errors": [], "records_cleared": 0,
                          "slowed": 0.0, "kept": {"bundle": 2}, "duration": 1.0}, NOW)
     text = render(state, [
-        Gauge("runc_guard_leaked_containers", "Leaked.", 7),
-        Gauge("runc_guard_runtime_info", "Runtime.", 1, {"path": "/usr/sbin/runc", "version": 'a "q"'}),
+        Family.one("runc_guard_leaked_containers", "Leaked.", 7),
+        Family.one("runc_guard_runtime_info", "Runtime.", 1, path="/usr/sbin/runc", version='a "q"'),
     ])
     families = {f.name: f for f in text_string_to_metric_families(text)}
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -196,16 +196,19 @@ def test_render_is_valid_prometheus_text() -> None:
     assert samples[("runc_guard_sweep_kept_total", (("reason", "bundle"),))] == 2
     assert samples[("runc_guard_leaked_containers", ())] == 7
     assert samples[("runc_guard_runtime_info", (("path", "/usr/sbin/runc"), ("version", 'a "q"')))] == 1
+    assert samples[("runc_guard_sweep_states_redriven_total", ())] == 0
+    assert families["runc_guard_deletes"].type == "counter"
 
 
 def test_textfile_written_atomically(tmp_path: Path) -> None:
     """The textfile is replaced by rename (a reader keeps the old one), world-readable, no temp left."""
     path = tmp_path / "textfile" / "runc_guard.prom"
-    write_textfile(str(path), "a 1\n")
+    write_textfile(str(path), new_state(), [Family.one("a", "A.", 1)])
+    first = path.read_text()
     with open(path) as reader:
-        write_textfile(str(path), "a 2\n")
-        assert reader.read() == "a 1\n"
-    assert path.read_text() == "a 2\n"
+        write_textfile(str(path), new_state(), [Family.one("a", "A.", 2)])
+        assert reader.read() == first
+    assert "\na 1.0\n" in first and "\na 2.0\n" in path.read_text()
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
     assert os.listdir(path.parent) == ["runc_guard.prom"]
 
@@ -220,7 +223,7 @@ def test_cli_metrics_folds_and_prints(tmp_path: Path) -> None:
         "RUNC_GUARD_PENDING_DIR": str(tmp_path / "run" / "pending"),
     }
     args = ["metrics", "--kubepods", "rgsweep-absent-tree", "--runtime-root", str(tmp_path),
-            "--bundle-root", str(tmp_path)]
+            "--bundle-root", str(tmp_path), "--state-root", str(tmp_path)]
     result = CliRunner().invoke(cli, args, env=env)
     assert result.exit_code == 0, result.output
     samples = {s.name + str(sorted(s.labels.items())): s.value
@@ -232,3 +235,37 @@ def test_cli_metrics_folds_and_prints(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, [*args, "--output", str(out)], env=env)
     assert result.exit_code == 0
     assert "runc_guard_deletes_total{outcome=\"deadline\"} 1" in out.read_text()
+
+
+def test_invalid_settings_still_write_metrics(tmp_path: Path) -> None:
+    """A broken settings file: metrics still come out with runc_guard_config_valid 0 (what alerts on it)
+    and the audit's gauges; audit reports it as an NPD problem and writes its metrics file too."""
+    config = tmp_path / "config.toml"
+    config.write_text("delete_timeout = 'soon'\n")
+    env = {
+        "RUNC_GUARD_CONFIG": str(config),
+        "RUNC_GUARD_CACHE_DIR": str(tmp_path / "cache"),
+        "RUNC_GUARD_STATS_FILE": str(tmp_path / "run" / "deletes.jsonl"),
+    }
+    result = CliRunner().invoke(cli, ["metrics", "--kubepods", "rgsweep-absent-tree"], env=env)
+    assert result.exit_code == 0, result.output
+    samples = {s.name: s.value for f in text_string_to_metric_families(result.output) for s in f.samples}
+    assert samples["runc_guard_config_valid"] == 0
+    assert samples["runc_guard_leaked_containers"] == 0  # the audit ran with the valid keys
+    assert samples["runc_guard_deletes_total"] == 0
+    out = tmp_path / "prom" / "runc_guard.prom"
+    args = ["audit", "--kubepods", "rgsweep-absent-tree", "--metrics-file", str(out)]
+    result = CliRunner().invoke(cli, args, env=env)
+    assert result.exit_code == 1 and "invalid settings" in result.output
+    assert "runc_guard_config_valid 0.0" in out.read_text()
+    assert (tmp_path / "run" / "metrics-state.json").exists()  # the fallback honours RUNC_GUARD_STATS_FILE
+
+
+def test_metrics_module_imports_no_exposition_library() -> None:
+    """Importing runc_guard.metrics (as audit and sweep do) loads prometheus-client only when rendering."""
+    import subprocess
+    import sys
+
+    code = "import sys, runc_guard.metrics, runc_guard.audit; print('prometheus_client' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"

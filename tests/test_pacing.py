@@ -222,6 +222,7 @@ def test_rmdir_timer_times_every_rmdir_and_delegates(clock: FakeClock) -> None:
     ticks = itertools.count(0.0, 0.001)
     timer = RmdirTimer(fs, clock=lambda: next(ticks))
     assert timer.children("/cg/a") == ["/cg/a/b"]
+    assert timer.pid_dying(4242) == fs.pid_dying(4242)
     with pytest.raises(OSError, match="busy"):
         timer.rmdir("/cg/a")  # EBUSY: it has a child
     timer.rmdir("/cg/a/b")

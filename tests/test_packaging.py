@@ -14,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -105,7 +106,8 @@ def test_deb_shim_launcher_imports_only_the_shim() -> None:
         text = f.read()
     assert text.startswith("#!/usr/bin/python3 -I\n")
     code = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
-    assert code == ["import sys", "from runc_guard.shim import main", "sys.exit(main())"]
+    assert code[-3:] == ["import sys", "from runc_guard.shim import main", "sys.exit(main(_noted))"]
+    assert code[0] == "import _signal"  # builtin: the signal note costs no import
 
 
 def test_conffile_shows_the_real_defaults() -> None:
@@ -363,6 +365,168 @@ def test_installer_leaves_containerd_alone_when_the_host_cannot_run_it(
     with open(config) as f:
         assert f.read() == "version = 2\n"
     assert not os.path.exists(fake_host["restarts"])
+
+
+def _payload_note(fake: dict[str, str], note: str, runs: bool = True) -> None:
+    """A payload whose version shows: a note beside the shim, and a second entry (python/)."""
+    prefix = os.path.join(fake["payload"], "opt/runc-guard")
+    os.makedirs(os.path.join(prefix, "python/bin"), exist_ok=True)
+    with open(os.path.join(prefix, "python/bin/NOTE"), "w") as f:
+        f.write(note)
+    with open(os.path.join(prefix, "bin/NOTE"), "w") as f:
+        f.write(note)
+    if not runs:
+        with open(os.path.join(prefix, "bin/runc-guard"), "w") as f:
+            f.write("#!/nonexistent/python3\n")
+
+
+def _live_version(host: str) -> str:
+    return os.readlink(os.path.join(host, "opt/runc-guard/current"))
+
+
+def test_installer_upgrade_is_one_atomic_symlink_swap(fake_host: dict[str, str]) -> None:
+    """install.sh twice (an upgrade): each version in its own directory, switched by one rename of
+    ``current``; while the upgrade runs, every look-up of the entry points finds one complete
+    version, old or new (never none, never going back); the same payload again changes nothing;
+    a payload the host cannot run rolls back to the previous version; uninstall removes it all."""
+    host = fake_host["host"]
+    prefix = os.path.join(host, "opt/runc-guard")
+    with open(os.path.join(host, "etc/containerd/config.toml"), "w") as f:
+        f.write("version = 2\n")
+    env = _env(fake_host)
+    installer = os.path.join(PACKAGING, "installer", "install.sh")
+    _payload_note(fake_host, "one")
+    run([installer], env=env)
+    first = _live_version(host)
+    assert first.startswith("versions/")
+    assert os.readlink(os.path.join(prefix, "bin")) == "current/bin"
+    assert os.readlink(os.path.join(prefix, "python")) == "current/python"
+    assert os.access(os.path.join(prefix, "bin/runc-guard"), os.X_OK)
+
+    # The upgrade, watched: bin/NOTE and python/NOTE always read one whole version.
+    _payload_note(fake_host, "two")
+    seen: list[str] = []
+    proc = subprocess.Popen([installer], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    while proc.poll() is None:
+        live = os.path.join(host, "opt/runc-guard", os.readlink(os.path.join(prefix, "current")))
+        with open(os.path.join(live, "bin/NOTE")) as a, open(os.path.join(live, "python/bin/NOTE")) as b:
+            notes = {a.read(), b.read()}
+        assert len(notes) == 1, f"a mix of versions: {notes}"
+        assert os.path.exists(os.path.join(prefix, "bin/runc-guard"))
+        seen.append(notes.pop())
+    assert proc.wait() == 0, proc.stderr.read() if proc.stderr else ""
+    if proc.stderr:
+        proc.stderr.close()
+    second = _live_version(host)
+    assert second != first
+    assert seen and seen == sorted(seen), "went back to the old version mid-upgrade"
+    with open(os.path.join(prefix, "bin/NOTE")) as f:
+        assert f.read() == "two"
+    assert sorted(os.listdir(os.path.join(prefix, "versions"))) == sorted(
+        [os.path.basename(first), os.path.basename(second)]
+    ), "the previous version is kept (running shims, rollback)"
+
+    # The same payload again: no new version, no swap.
+    run([installer], env=env)
+    assert _live_version(host) == second
+
+    # A version the host cannot run: back to the one before, containerd untouched.
+    _payload_note(fake_host, "three", runs=False)
+    bad = subprocess.run([installer], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode != 0 and "containerd left unchanged" in bad.stderr
+    assert _live_version(host) == second
+    with open(os.path.join(prefix, "bin/NOTE")) as f:
+        assert f.read() == "two"
+
+    run([os.path.join(PACKAGING, "installer", "uninstall.sh")], env=_env(fake_host, REMOVE_FILES="true"))
+    assert not os.path.lexists(prefix)
+
+
+def test_installer_migrates_a_file_by_file_install(fake_host: dict[str, str]) -> None:
+    """An older install (bin/ a real directory) becomes the versioned layout: bin/ is exchanged
+    for the link in one renameat2, so bin/runc-guard never goes missing."""
+    host = fake_host["host"]
+    prefix = os.path.join(host, "opt/runc-guard")
+    with open(os.path.join(host, "etc/containerd/config.toml"), "w") as f:
+        f.write("version = 2\n")
+    os.makedirs(os.path.join(prefix, "bin"))
+    shim = os.path.join(fake_host["payload"], "opt/runc-guard/bin/runc-guard")
+    shutil.copy2(shim, os.path.join(prefix, "bin"))
+    run([os.path.join(PACKAGING, "installer", "install.sh")], env=_env(fake_host))
+    assert os.path.islink(os.path.join(prefix, "bin"))
+    assert os.access(os.path.join(prefix, "bin/runc-guard"), os.X_OK)
+    assert sorted(os.listdir(prefix)) == ["bin", "current", "versions"]
+
+
+def _stalled_in_a_syscall(strace_pid: int, timeout: float = 20.0) -> bool:
+    """True once strace's tracee sits in one syscall entry for 150 ms (the injected delay)."""
+    end = time.monotonic() + timeout
+    tracee, last, since = 0, "", time.monotonic()
+    while time.monotonic() < end:
+        try:
+            if not tracee:
+                with open(f"/proc/{strace_pid}/task/{strace_pid}/children") as f:
+                    tracee = int(f.read().split()[0])
+            with open(f"/proc/{tracee}/syscall") as f:
+                now = f.read().strip()
+        except (OSError, IndexError, ValueError):
+            tracee, now = 0, ""
+        if now != last or now in ("running", "") or now.startswith("-1"):
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= 0.15:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.mark.skipif(not os.access("/usr/bin/strace", os.X_OK), reason="needs strace")
+def test_pyz_shim_mid_upgrade_keeps_its_own_version(
+    pyz: str, fake_host: dict[str, str], tmp_path: Any
+) -> None:
+    """A single-file shim paused between its first import and the delete path's imports while
+    install.sh switches versions finishes on the version it started with: no traceback, exit 0."""
+    host = fake_host["host"]
+    with open(os.path.join(host, "etc/containerd/config.toml"), "w") as f:
+        f.write("version = 2\n")
+    payload_shim = os.path.join(fake_host["payload"], "opt/runc-guard/bin/runc-guard")
+    shutil.copy2(pyz, payload_shim)
+    env = _env(fake_host)
+    installer = os.path.join(PACKAGING, "installer", "install.sh")
+    run([installer], env=env)
+    # Version two: the same code, archive offsets shifted (a longer spelling of the interpreter).
+    deps = os.path.join(os.path.dirname(pyz), "deps")
+    longer = os.path.join(os.path.dirname(sys.executable), "..", "bin", os.path.basename(sys.executable))
+    build = os.path.join(PACKAGING, "single-file", "build_pyz.py")
+    run([sys.executable, build, REPO, deps, payload_shim, longer])
+    root = str(tmp_path / "state")
+    os.makedirs(os.path.join(root, "c1"))
+    state = os.path.join(root, "c1", "state.json")
+    with open(state, "w") as f:
+        f.write('{"id": "c1", "init_process_pid": 4194311, "init_process_start": 1, "cgroup_paths": {}}')
+    shim_env = {
+        "PATH": os.environ["PATH"], "RUNC_GUARD_RUNTIME": "/bin/true", "RUNC_GUARD_DELETE_TIMEOUT": "30",
+        **{f"RUNC_GUARD_{k}": str(tmp_path / k.lower()) for k in
+           ("CONFIG", "CACHE_DIR", "PENDING_DIR", "LOG_FILE", "STATS_FILE", "JOURNAL_SOCKET")},
+    }
+    # strace stalls the shim's stat of state.json (just before it imports the delete path) 4 s,
+    # longer than an install takes on a loaded 2-core machine
+    shim = subprocess.Popen(
+        ["/usr/bin/strace", "-o", "/dev/null", "-P", state, "-e", "inject=all:delay_enter=4000000:when=1",
+         os.path.join(host, "opt/runc-guard/bin/runc-guard"), "--root", root, "delete", "--force", "c1"],
+        env=shim_env, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert _stalled_in_a_syscall(shim.pid), "the shim never reached the stalled stat"
+        before = os.readlink(os.path.join(host, "opt/runc-guard/current"))
+        run([installer], env=env)
+        assert os.readlink(os.path.join(host, "opt/runc-guard/current")) != before
+        _out, err = shim.communicate(timeout=60)
+    finally:
+        if shim.poll() is None:
+            shim.kill()
+            shim.wait()
+    assert "Traceback" not in err, err
+    assert shim.returncode == 0, err
 
 
 # -- the installed .deb (root: installs into the system) ------------------------------------

@@ -1,4 +1,4 @@
-"""Path safety: only the container's own cgroups, on a real cgroup filesystem, are acted on."""
+"""Path safety: tampered paths are refused; paths not provably the container's make it step aside."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from runc_guard.cgroupfs import RealCgroupFs
 from runc_guard.errors import EXIT_UNSAFE_STATE, UnsafeCgroupPath
-from runc_guard.paths import check_container_paths, check_path
+from runc_guard.paths import CREATED_MARGIN, check_container_paths, check_path, names_container
 from runc_guard.state import ContainerState
 from tests.fakes import FakeCgroupFs
 
@@ -29,10 +29,11 @@ def state(paths: dict[str, str], cgroups_path: str = "") -> ContainerState:
 
 
 def test_accepts_consistent_container_paths(fake_fs: FakeCgroupFs) -> None:
-    """The same relative cgroup in every hierarchy, matching cgroupsPath, is accepted."""
+    """The same relative cgroup in every hierarchy, matching cgroupsPath, is the container's own."""
     paths = {"memory": "/sys/fs/cgroup/memory/k/c1", "": "/sys/fs/cgroup/unified/k/c1"}
     fake_fs.add("/sys/fs/cgroup/memory/k/c1")  # the v2 container dir is already gone
-    assert check_container_paths(state(paths, "/k/c1"), fake_fs, MOUNTS) == sorted(paths.values())
+    own = check_container_paths(state(paths, "/k/c1"), fake_fs, MOUNTS)
+    assert own.paths == sorted(paths.values()) and own.step_aside is None
 
 
 @pytest.mark.parametrize(
@@ -44,10 +45,6 @@ def test_accepts_consistent_container_paths(fake_fs: FakeCgroupFs) -> None:
         ("/sys/fs/cgroup/memory/./c1", "normalised"),
         ("/etc/passwd", "not below any cgroup mount"),
         ("/sys/fs/cgroup/memory", "not below any cgroup mount"),
-        ("/sys/fs/cgroup/memory/kubepods", "kubelet"),
-        ("/sys/fs/cgroup/memory/kubepods/burstable", "kubelet"),
-        ("/sys/fs/cgroup/memory/kubepods/burstable/pod0f3c7b9a-1111-2222-3333-444455556666", "kubelet"),
-        ("/sys/fs/cgroup/memory/kubepods.slice/kubepods-burstable.slice", "kubelet"),
         ("/sys/fs/cgroup/memory/k/c1\0", "not an absolute path"),
     ],
 )
@@ -74,17 +71,70 @@ def test_refuses_wrong_filesystem_magic(fake_fs: FakeCgroupFs) -> None:
         check_path("/sys/fs/cgroup/memory/k/c1", fake_fs, MOUNTS)
 
 
-def test_refuses_disagreeing_hierarchies(fake_fs: FakeCgroupFs) -> None:
-    """One hierarchy pointing elsewhere (e.g. at a sibling container) is refused."""
-    paths = {"memory": "/sys/fs/cgroup/memory/k/c1", "pids": "/sys/fs/cgroup/pids/k/c2"}
-    with pytest.raises(UnsafeCgroupPath, match="disagree"):
-        check_container_paths(state(paths), fake_fs, MOUNTS)
+@pytest.mark.parametrize(
+    ("path", "needle"),
+    [
+        ("/sys/fs/cgroup/memory/kubepods", "pod, QoS or slice"),
+        ("/sys/fs/cgroup/memory/kubepods/burstable", "pod, QoS or slice"),
+        ("/sys/fs/cgroup/memory/kubepods/burstable/pod0f3c7b9a-1111-2222-3333-444455556666", "pod, QoS"),
+        ("/sys/fs/cgroup/memory/kubepods.slice/kubepods-burstable.slice", "pod, QoS or slice"),
+        ("/sys/fs/cgroup/memory/system.slice", "pod, QoS or slice"),
+        ("/sys/fs/cgroup/memory/user.slice", "pod, QoS or slice"),
+        ("/sys/fs/cgroup/memory/system.slice/containerd.service", "not named after container c1"),
+        ("/sys/fs/cgroup/memory/init.scope", "not named after container c1"),
+        ("/sys/fs/cgroup/memory/k/c2", "not named after container c1"),
+        ("/sys/fs/cgroup/memory/k/c1x", "not named after container c1"),
+        ("/sys/fs/cgroup/memory/k/-c1.scope", "not named after container c1"),
+    ],
+)
+def test_steps_aside_for_cgroups_not_named_after_the_container(
+    fake_fs: FakeCgroupFs, path: str, needle: str
+) -> None:
+    """Levels owned by kubelet or systemd, and other names, are legitimate but not ours: step aside."""
+    own = check_container_paths(state({"memory": path}), fake_fs, MOUNTS)
+    assert own.paths == [path]
+    assert own.step_aside is not None and needle in own.step_aside
 
 
-def test_refuses_paths_not_matching_cgroups_path(fake_fs: FakeCgroupFs) -> None:
-    """Paths that are not the configured cgroupsPath are refused."""
-    with pytest.raises(UnsafeCgroupPath, match="cgroupsPath"):
-        check_container_paths(state({"memory": "/sys/fs/cgroup/memory/k/c9"}, "/k/c1"), fake_fs, MOUNTS)
+@pytest.mark.parametrize(
+    "name", ["c1", "cri-containerd-c1.scope", "docker-c1.scope", "crio-c1.scope", "libpod-c1.scope"]
+)
+def test_container_names(name: str) -> None:
+    """The id itself and ``<prefix>-<id>.scope`` of the systemd driver name the container."""
+    assert names_container(name, "c1")
+
+
+def test_configured_pattern_names_the_container() -> None:
+    """An operator's pattern with {id} extends what names a container; nothing else does."""
+    assert not names_container("ctr_c1_x", "c1")
+    assert names_container("ctr_c1_x", "c1", ["ctr_{id}_*"])
+    assert not names_container("ctr_c2_x", "c1", ["ctr_{id}_*"])
+
+
+def test_differing_hierarchies_without_cgroups_path_are_the_containers(fake_fs: FakeCgroupFs) -> None:
+    """No cgroupsPath: runc nests the container under its caller's cgroup, which may differ
+    per hierarchy. Every leaf still names the container, so it is its own (was exit 65)."""
+    paths = {"memory": "/sys/fs/cgroup/memory/user.slice/c1", "pids": "/sys/fs/cgroup/pids/sess/c1"}
+    own = check_container_paths(state(paths), fake_fs, MOUNTS)
+    assert own.step_aside is None and own.paths == sorted(paths.values())
+
+
+def test_paths_not_matching_cgroups_path_step_aside(fake_fs: FakeCgroupFs) -> None:
+    """Paths that are not the configured cgroupsPath: not provably ours, the runtime acts alone."""
+    paths = {"memory": "/sys/fs/cgroup/memory/k/c1"}
+    own = check_container_paths(state(paths, "/k/other/c1"), fake_fs, MOUNTS)
+    assert own.step_aside is not None and "cgroupsPath" in own.step_aside
+
+
+def test_cgroup_older_than_the_container_steps_aside(fake_fs: FakeCgroupFs) -> None:
+    """A directory that existed before the container's init started was not made for it."""
+    started = fake_fs.clock.now
+    fake_fs.add("/sys/fs/cgroup/memory/k/c1", mtime=started - CREATED_MARGIN - 5)
+    own = check_container_paths(state({"memory": "/sys/fs/cgroup/memory/k/c1"}), fake_fs, MOUNTS, started)
+    assert own.step_aside is not None and "existed before" in own.step_aside
+    fake_fs.mtimes["/sys/fs/cgroup/memory/k/c1"] = started - CREATED_MARGIN / 2
+    own = check_container_paths(state({"memory": "/sys/fs/cgroup/memory/k/c1"}), fake_fs, MOUNTS, started)
+    assert own.step_aside is None
 
 
 @pytest.mark.kernel

@@ -311,12 +311,14 @@ def test_broken_settings_file_still_passes_through(
 
 
 def test_bad_runtime_type_is_config_error(shim_binary: str, tmp_path: os.PathLike[str]) -> None:
-    """`runtime = 3` cannot be guessed around: exit 78 naming the key."""
+    """`runtime = 3` under a non-default name cannot be guessed around: exit 78 naming the key."""
     config = os.path.join(tmp_path, "config.toml")
     with open(config, "w") as f:
         f.write("runtime = 3\n")
+    link = os.path.join(tmp_path, "runc-guard-nvidia")
+    os.symlink(shim_binary, link)
     proc = subprocess.run(
-        [shim_binary, "state", "c1"],
+        [link, "state", "c1"],
         env=isolated_env(
             tmp_path,
             {

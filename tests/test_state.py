@@ -139,3 +139,51 @@ def test_bad_crun_status(doc: object, needle: str) -> None:
     """A corrupt crun status is StateUnreadable naming the field."""
     with pytest.raises(StateUnreadable, match=needle):
         parse_crun_status(json.dumps(doc).encode(), "c1", MOUNTS)
+
+
+def test_crun_pid_namespace_and_annotations_from_its_config_copy(tmp_path: object) -> None:
+    """crun keeps the OCI config.json beside its status: the PID namespace and the CRI
+    annotations come from there (a host-PID pod's stragglers are then crun's, so ours, to kill)."""
+    root = str(tmp_path)
+    os.makedirs(os.path.join(root, "c1"))
+    with open(os.path.join(root, "c1", "status"), "w") as f:
+        json.dump({"pid": 42, "process-start-time": 7, "cgroup-path": "/k/c1"}, f)
+    config = {
+        "linux": {"namespaces": [{"type": "pid", "path": "/proc/1/ns/pid"}, {"type": "mount"}]},
+        "annotations": {"io.kubernetes.cri.sandbox-id": "sb"},
+    }
+    with open(os.path.join(root, "c1", "config.json"), "w") as f:
+        json.dump(config, f)
+    state = read_state(root, "c1", lambda: {"/sys/fs/cgroup/memory": "cgroup"})
+    assert state.pid_namespace == "joined" and state.sandbox_id == "sb"
+    config["linux"] = {"namespaces": [{"type": "pid"}]}
+    with open(os.path.join(root, "c1", "config.json"), "w") as f:
+        json.dump(config, f)
+    assert read_state(root, "c1", lambda: {"/sys/fs/cgroup/memory": "cgroup"}).pid_namespace == "private"
+    os.unlink(os.path.join(root, "c1", "config.json"))
+    assert read_state(root, "c1", lambda: {"/sys/fs/cgroup/memory": "cgroup"}).pid_namespace == "unknown"
+
+
+def test_runc_state_facts(tmp_path: object) -> None:
+    """runc's state.json: PID namespace from config.namespaces, labels, created, the systemd flag."""
+    doc = {
+        "id": "c1",
+        "init_process_pid": 5,
+        "init_process_start": 9,
+        "created": "2026-11-30T19:08:43.647933971Z",
+        "cgroup_paths": {"memory": "/sys/fs/cgroup/memory/k/c1"},
+        "config": {
+            "namespaces": [{"type": "NEWPID", "path": ""}, {"type": "NEWNS", "path": ""}],
+            "labels": [
+                "bundle=/b",
+                "io.kubernetes.cri.container-type=sandbox",
+                "io.kubernetes.cri.sandbox-id=c1",
+            ],
+            "cgroups": {"path": "/k/c1", "Systemd": False, "scope_prefix": ""},
+        },
+    }
+    state = parse_state(json.dumps(doc).encode(), "c1")
+    assert state.pid_namespace == "private" and state.is_sandbox and state.labels["bundle"] == "/b"
+    assert abs(state.created - 1796065723.647933) < 1e-3 and not state.systemd
+    doc["config"]["namespaces"] = [{"type": "NEWNS", "path": ""}]  # type: ignore[index]
+    assert parse_state(json.dumps(doc).encode(), "c1").pid_namespace == "host"

@@ -419,7 +419,7 @@ def test_cli_exit_75_while_another_sweep_runs(tmp_path: Path) -> None:
 def test_cli_empty_sweep_summary(tmp_path: Path) -> None:
     """A sweep that finds nothing says so and exits 0."""
     done = run_ctl(tmp_path, "sweep", "--kubepods", "rgsweep-absent-tree", "--runtime-root",
-                   str(tmp_path), "--bundle-root", str(tmp_path))
+                   str(tmp_path), "--bundle-root", str(tmp_path), "--state-root", str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("found 0 container cgroup(s) in ")
 

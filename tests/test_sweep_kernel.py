@@ -113,7 +113,7 @@ def sweep(trees: Trees, tmp_path: Path, *args: str, prefix: tuple[str, ...] = ()
         *prefix, CTL, "sweep",
         "--kubepods", f"{trees.parent}/kubepods", "--kubepods", f"{trees.parent}/kubepods.slice",
         "--runtime-root", str(tmp_path / "runc"), "--bundle-root", str(tmp_path / "bundles"),
-        *args,
+        "--state-root", str(tmp_path / "flat"), *args,
     ]
     done = subprocess.run(argv, capture_output=True, text=True, env=env_for(tmp_path),
                           timeout=240, check=False)

@@ -6,7 +6,9 @@
 # under PREFIX stay by default: containers started while runc-guard was
 # configured keep calling it (containerd stores BinaryName with each container)
 # until they are gone, so deleting it would break their exec, kill and delete.
-# REMOVE_FILES=true removes them (after the node is drained).
+# REMOVE_FILES=true removes them (after the node is drained): the whole of
+# PREFIX as install.sh lays it out (versions/<v>/, the `current` symlink and the
+# bin/, python/ entry links), never following a symlink out of it.
 #
 # Environment: HOST_ROOT, PREFIX, CONTAINERD_CONFIG, RESTART_CONTAINERD,
 # HOST_EXEC as for install.sh; REVERT_ON_STOP [true]: false makes this a no-op
@@ -35,6 +37,12 @@ fi
 "$CTL" "${args[@]}"
 if [ "$REMOVE_FILES" = "true" ]; then
     log "removing $PREFIX from the host"
-    rm -rf --one-file-system "${HOST_ROOT:?}/${PREFIX#/}"
+    # `current` goes first, in one rename: a call racing the removal then finds no
+    # entry point at all rather than a half-removed version; then everything else.
+    dst="${HOST_ROOT:?}/${PREFIX#/}"
+    if [ -L "$dst/current" ]; then
+        mv -fT "$dst/current" "$dst/.current.removing"
+    fi
+    rm -rf --one-file-system "$dst"
 fi
 log "reverted"

@@ -31,7 +31,7 @@ SKIP_DIRS = {"__pycache__", "bin"}
 #: env -S needs coreutils >= 8.30. _runc_guard_main drops the leading "-c" from argv.
 PRELUDE = (
     "#!/usr/bin/env -S @PYTHON@ -IS -c "
-    "'import sys;sys.path[:0]=sys.argv[1:2];import _runc_guard_main'\n"
+    "'import sys,os;sys.path[:0]=[os.path.realpath(sys.argv[1])];import _runc_guard_main'\n"
 )
 MAX_SHEBANG = 255
 PORTABLE_SHEBANG = 127

@@ -10,9 +10,14 @@ import sys
 if sys.argv[0] == "-c":  # run by the file's own prelude: argv[1] is the file as invoked
     del sys.argv[0]
 if sys.argv[0].rpartition("/")[2] != "runc-guardctl":
+    import _signal
+
+    _noted = []  # SIGTERM/SIGINT/SIGHUP before the shim can act: noted, never a traceback
+    for _signum in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+        _signal.signal(_signum, lambda signum, _frame: _noted.append(signum))
     from runc_guard.shim import main
 
-    sys.exit(main())
+    sys.exit(main(_noted))
 
 
 def _native_path():

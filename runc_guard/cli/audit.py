@@ -7,7 +7,7 @@ import os
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -16,15 +16,17 @@ from runc_guard.audit import (
     NPD_UNKNOWN,
     AuditReport,
     audit,
+    families,
     fronted_runtime,
-    gauges,
     judge,
 )
-from runc_guard.cgroupfs import RealCgroupFs
-from runc_guard.cli.sweep import scan, scan_options
-from runc_guard.config import Settings, load_settings
-from runc_guard.errors import RuncGuardError
-from runc_guard.sweep import RuntimeDirs
+from runc_guard.cgroupfs import RealCgroupFs, cgroup_mounts
+from runc_guard.cli.sweep import runtime_dirs, scan, scan_options
+from runc_guard.config import Settings, load_settings_leniently
+from runc_guard.errors import NoCgroupHierarchy, RuncGuardError
+
+if TYPE_CHECKING:
+    from runc_guard.metrics import Family
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -32,12 +34,19 @@ F = TypeVar("F", bound=Callable[..., Any])
 def judge_options(func: F) -> F:
     """What counts as a problem: shared with ``metrics`` (its runc_guard_audit_ok gauge)."""
     func = click.option(
-        "--pending-max-age", default=DEFAULT_PENDING_MAX_AGE, show_default=True,
-        type=click.FloatRange(min=0), metavar="SECONDS",
+        "--pending-max-age",
+        default=DEFAULT_PENDING_MAX_AGE,
+        show_default=True,
+        type=click.FloatRange(min=0),
+        metavar="SECONDS",
         help="A pending record older than this is a problem (the sweep could not finish it).",
     )(func)
     return click.option(
-        "--max-leaked", default=0, show_default=True, type=click.IntRange(min=0), metavar="N",
+        "--max-leaked",
+        default=0,
+        show_default=True,
+        type=click.IntRange(min=0),
+        metavar="N",
         help="Report a problem only when more than N containers have leaked cgroups.",
     )(func)
 
@@ -48,18 +57,94 @@ def run_audit(
     kubepods: tuple[str, ...],
     runtime_root: str,
     bundle_root: str,
+    state_roots: tuple[str, ...],
+    orphans: bool,
     min_age: float,
     max_leaked: int,
     pending_max_age: float,
+    config_error: str | None = None,
 ) -> tuple[AuditReport, int, float]:
     """Scan, classify and judge; returns the report, the NPD exit code and the time."""
     fs = RealCgroupFs()
     now = time.time()
-    discovery = scan(settings, cgroup_root, kubepods, fs)
-    report = audit(discovery, fs, RuntimeDirs(runtime_root, bundle_root), now, min_age)
+    runtime = runtime_dirs(settings, runtime_root, bundle_root, state_roots, orphans)
+    discovery = scan(settings, cgroup_root, kubepods, fs, runtime, min_age)
+    report = audit(discovery, fs, runtime, now, min_age)
     report.runtime = fronted_runtime(os.environ)
-    code = judge(report, max_leaked, pending_max_age)
+    code = judge(report, max_leaked, pending_max_age, config_error)
     return report, code, now
+
+
+def audit_leniently(
+    cgroup_root: str,
+    kubepods: tuple[str, ...],
+    runtime_root: str,
+    bundle_root: str,
+    state_roots: tuple[str, ...],
+    orphans: bool,
+    min_age: float,
+    max_leaked: int,
+    pending_max_age: float,
+) -> tuple[Settings, str | None, AuditReport, int, float]:
+    """:func:`run_audit` with the settings file read leniently, for audit and metrics.
+
+    An invalid settings file is a problem to report, not a reason to stop auditing:
+    valid keys apply, the rest keep their defaults (as in the delete path), and
+    the problem (naming the key) comes back as ``config_error``.
+    """
+    settings, problems = load_settings_leniently()
+    config_error = "; ".join(problems) or None
+    report, code, now = run_audit(
+        settings, cgroup_root, kubepods, runtime_root, bundle_root, state_roots,
+        orphans, min_age, max_leaked, pending_max_age, config_error,
+    )  # fmt: skip
+    return settings, config_error, report, code, now
+
+
+def node_families(
+    config_error: str | None,
+    report: AuditReport | None,
+    now: float,
+    cgroup_root: str,
+    kubepods: tuple[str, ...],
+) -> list[Family]:
+    """Every fresh gauge: settings validity, the audit's view (when it ran) and the kernel's counters."""
+    from runc_guard.cgroupstats import families as kernel_families
+    from runc_guard.cgroupstats import read_kernel
+    from runc_guard.discovery import hierarchies_below
+    from runc_guard.metrics import Family
+
+    out = [
+        Family.one(
+            "runc_guard_config_valid",
+            "1 when runc-guard's settings file (and RUNC_GUARD_* variables) are valid.",
+            0 if config_error else 1,
+        )
+    ]
+    if report is not None:
+        out.extend(families(report, now))
+    try:
+        mounts = {h.mount: h.fstype for h in hierarchies_below(cgroup_root, cgroup_mounts())}
+    except (NoCgroupHierarchy, OSError):
+        mounts = {}
+    out.extend(kernel_families(read_kernel(mounts, kubepods)))
+    return out
+
+
+def write_metrics(
+    settings: Settings,
+    config_error: str | None,
+    report: AuditReport | None,
+    now: float,
+    cgroup_root: str,
+    kubepods: tuple[str, ...],
+    output: str | None,
+) -> str:
+    """Fold the shim's stats, add every fresh gauge, write ``output`` atomically; return the text."""
+    from runc_guard.metrics import export
+
+    gauges = node_families(config_error, report, now, cgroup_root, kubepods)
+    return export(settings.stats_file, gauges, now, output)
 
 
 def _print_text(report: AuditReport, quiet: bool) -> None:
@@ -76,6 +161,13 @@ def _print_text(report: AuditReport, quiet: bool) -> None:
         click.echo(f"runc state without containerd bundle: {entry}")
     for entry in report.bundles_without_state:
         click.echo(f"containerd bundle without runc state: {entry}")
+    for orphan in report.orphaned_states:
+        click.echo(
+            f"orphaned runtime state: {orphan['state_dir']} (init {orphan['init_pid']} dead, "
+            f"{orphan['age_seconds']:g}s old)"
+        )
+    for path, why in sorted(report.state_errors.items()):
+        click.echo(f"orphaned runtime state {path}: {why}")
     for record in report.pending:
         click.echo(f"pending: {record['container_id']} for {record['age_seconds']:g}s ({record['record']})")
     for path, why in sorted(report.pending_errors.items()):
@@ -90,18 +182,24 @@ def _print_text(report: AuditReport, quiet: bool) -> None:
 @click.command(name="audit", short_help="Report leaked container cgroups, read-only (NPD exit codes).")
 @scan_options
 @judge_options
-@click.option("--metrics-file", type=click.Path(dir_okay=False), metavar="PATH",
-              help="Also write Prometheus metrics here, atomically (e.g. node_exporter's "
-                   "textfile directory/runc_guard.prom).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True)
-@click.option("-q", "--quiet", is_flag=True,
-              help="Print only the one-line message (what Node Problem Detector shows).")
+@click.option(
+    "--metrics-file",
+    type=click.Path(dir_okay=False),
+    metavar="PATH",
+    help="Also write Prometheus metrics here, atomically (e.g. node_exporter's "
+    "textfile directory/runc_guard.prom).",
+)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option(
+    "-q", "--quiet", is_flag=True, help="Print only the one-line message (what Node Problem Detector shows)."
+)
 def audit_cmd(
     cgroup_root: str,
     kubepods: tuple[str, ...],
     runtime_root: str,
     bundle_root: str,
+    state_roots: tuple[str, ...],
+    orphans: bool,
     min_age: float,
     max_leaked: int,
     pending_max_age: float,
@@ -112,18 +210,25 @@ def audit_cmd(
     """Report leaked container cgroups per pod without changing anything.
 
     Also lists runc state ids without a containerd bundle (and the reverse),
-    the shim's pending records and their age, and the runtime runc-guard
-    fronts. "Leaked" means exactly what `runc-guardctl sweep` would remove.
+    the shim's pending records and their age, orphaned runtime state (init
+    dead, no bundle, no live shim), and the runtime runc-guard fronts.
+    "Leaked" means exactly what `runc-guardctl sweep` would remove.
 
     Exit status follows Node Problem Detector's custom plugins: 0 OK, 1 problem
-    (leaked cgroups, stale or unusable pending records), 2 unknown (the audit
+    (leaked cgroups, orphaned runtime state, stale or unusable pending records), 2 unknown (the audit
     could not run); the first output line is the message.
     """
     try:
-        settings = load_settings()
-        report, code, now = run_audit(
-            settings, cgroup_root, kubepods, runtime_root, bundle_root, min_age,
-            max_leaked, pending_max_age,
+        settings, config_error, report, code, now = audit_leniently(
+            cgroup_root,
+            kubepods,
+            runtime_root,
+            bundle_root,
+            state_roots,
+            orphans,
+            min_age,
+            max_leaked,
+            pending_max_age,
         )
     except RuncGuardError as exc:
         click.echo(f"UNKNOWN: {exc}")
@@ -133,10 +238,8 @@ def audit_cmd(
         click.echo(f"UNKNOWN: internal error: {type(exc).__name__}: {exc}")
         raise SystemExit(NPD_UNKNOWN) from None
     if metrics_file is not None:
-        from runc_guard.metrics import export
-
         try:
-            export(settings.stats_file, gauges(report, now), now, metrics_file)
+            write_metrics(settings, config_error, report, now, cgroup_root, kubepods, metrics_file)
         except OSError as exc:
             click.echo(f"warning: cannot write metrics: {exc}", err=True)
     if fmt == "json":

@@ -16,6 +16,56 @@ from runc_guard.errors import RuncGuardError
 from runc_guard.runtime import resolve_runtime, runtime_name_for
 from runc_guard.settings_file import config_path, read_settings_file
 
+DEFAULT_CONTAINERD_CONFIG = "/etc/containerd/config.toml"
+DEFAULT_RUNTIME_ROOT = "/run/containerd/runc"
+#: The CRI plugin's name per containerd config version (2: containerd 1.x, 3: 2.x).
+_CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+
+
+def configured_drivers(text: str) -> dict[str, str]:
+    """CRI runtime handler -> ``systemd``/``cgroupfs``, from its ``SystemdCgroup`` option.
+
+    Only the main file is read (not ``imports``); containerd's default is
+    ``SystemdCgroup = false``, i.e. the cgroupfs driver.
+    """
+    import tomlkit
+
+    doc = tomlkit.parse(text).unwrap()
+    version = doc.get("version", 1)
+    plugin = _CRI_PLUGIN.get(version if isinstance(version, int) else 1, _CRI_PLUGIN[2])
+    runtimes: Any = doc.get("plugins", {}).get(plugin, {}).get("containerd", {}).get("runtimes", {})
+    drivers = {}
+    if isinstance(runtimes, dict):
+        for name, body in sorted(runtimes.items()):
+            options = body.get("options", {}) if isinstance(body, dict) else {}
+            systemd = isinstance(options, dict) and options.get("SystemdCgroup") is True
+            drivers[str(name)] = "systemd" if systemd else "cgroupfs"
+    return drivers
+
+
+def cgroup_driver_report(containerd_config: str, runtime_root: str) -> tuple[dict[str, Any], list[str]]:
+    """Which cgroup driver containers use: containerd's settings and what runc's states say."""
+    from runc_guard import systemd_scope
+
+    problems: list[str] = []
+    report: dict[str, Any] = {"systemd_pid1": systemd_scope.systemd_reachable()}
+    try:
+        with open(containerd_config) as f:
+            report["containerd_handlers"] = configured_drivers(f.read())
+    except FileNotFoundError:
+        report["containerd_handlers"] = {}
+    except (OSError, ValueError) as exc:
+        problems.append(f"cannot read {containerd_config}: {exc}")
+    in_use = systemd_scope.drivers_in_use(runtime_root)
+    report["containers"] = {driver: len(ids) for driver, ids in sorted(in_use.items())}
+    wants_systemd = in_use.get("systemd") or "systemd" in report.get("containerd_handlers", {}).values()
+    if wants_systemd and not report["systemd_pid1"]:
+        problems.append(
+            "the systemd cgroup driver is configured or in use but systemd is not PID 1 here: "
+            "scope units cannot be stopped or reset"
+        )
+    return report, problems
+
 
 def _self_path() -> str:
     """The installed shim next to this tool, so loop detection matches what containerd runs."""
@@ -23,7 +73,11 @@ def _self_path() -> str:
     return sibling if os.path.exists(sibling) else sys.argv[0]
 
 
-def diagnose(invoked_as: str) -> tuple[dict[str, Any], list[str]]:
+def diagnose(
+    invoked_as: str,
+    containerd_config: str = DEFAULT_CONTAINERD_CONFIG,
+    runtime_root: str = DEFAULT_RUNTIME_ROOT,
+) -> tuple[dict[str, Any], list[str]]:
     """Facts about this node's runc-guard and a list of problems found (empty when healthy)."""
     problems: list[str] = []
     report: dict[str, Any] = {"config_file": config_path(os.environ), "invoked_as": invoked_as}
@@ -51,6 +105,9 @@ def diagnose(invoked_as: str) -> tuple[dict[str, Any], list[str]]:
         problems.append("no cgroup filesystem is mounted")
     if settings is not None:
         report["journald"] = os.path.exists(settings.journal_socket)
+    driver, driver_problems = cgroup_driver_report(containerd_config, runtime_root)
+    report["cgroup_driver"] = driver
+    problems.extend(driver_problems)
     report["problems"] = problems
     return report, problems
 
@@ -63,13 +120,25 @@ def diagnose(invoked_as: str) -> tuple[dict[str, Any], list[str]]:
     show_default=True,
     help="Resolve the runtime as if the shim were invoked under this name.",
 )
+@click.option(
+    "--containerd-config",
+    default=DEFAULT_CONTAINERD_CONFIG,
+    show_default=True,
+    help="containerd's config: its runc handlers' SystemdCgroup tells the configured cgroup driver.",
+)
+@click.option(
+    "--runtime-root",
+    default=DEFAULT_RUNTIME_ROOT,
+    show_default=True,
+    help="runc's state root (<namespace>/<id>/state.json): the driver each container really used.",
+)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def doctor(invoked_as: str, fmt: str) -> None:
+def doctor(invoked_as: str, containerd_config: str, runtime_root: str, fmt: str) -> None:
     """Show the runtime runc-guard would run and its effective settings.
 
     Exit status 0 when healthy, 1 when a problem was found (each is listed).
     """
-    report, problems = diagnose(invoked_as)
+    report, problems = diagnose(invoked_as, containerd_config, runtime_root)
     if fmt == "json":
         click.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
     else:
@@ -79,6 +148,11 @@ def doctor(invoked_as: str, fmt: str) -> None:
         click.echo(f"journald:       {'yes' if report.get('journald') else 'no'}")
         for key, value in sorted(report.get("settings", {}).items()):
             click.echo(f"  {key} = {value}")
+        driver = report["cgroup_driver"]
+        handlers = ", ".join(f"{h}={d}" for h, d in driver["containerd_handlers"].items()) or "-"
+        using = ", ".join(f"{d} {n}" for d, n in driver["containers"].items()) or "none"
+        click.echo(f"cgroup driver:  containerd handlers {handlers}; containers by driver: {using}")
+        click.echo(f"systemd PID 1:  {'yes' if driver['systemd_pid1'] else 'no'}")
         for mount, fstype in sorted(report["cgroup_mounts"].items()):
             click.echo(f"cgroup mount:   {mount} ({fstype})")
         for problem in problems:

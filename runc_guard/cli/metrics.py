@@ -4,42 +4,52 @@ from __future__ import annotations
 
 import click
 
-from runc_guard.audit import gauges
-from runc_guard.cli.audit import judge_options, run_audit
+from runc_guard.cli.audit import audit_leniently, judge_options, write_metrics
 from runc_guard.cli.sweep import scan_options
-from runc_guard.config import load_settings
-from runc_guard.metrics import export
 
 
 @click.command(name="metrics", short_help="Write Prometheus metrics for node_exporter's textfile collector.")
 @scan_options
 @judge_options
-@click.option("-o", "--output", default="-", show_default=True, metavar="PATH",
-              help="Write here atomically (temp file + rename), e.g. "
-                   "/var/lib/node_exporter/textfile_collector/runc_guard.prom; - for stdout.")
+@click.option(
+    "-o",
+    "--output",
+    default="-",
+    show_default=True,
+    metavar="PATH",
+    help="Write here atomically (temp file + rename), e.g. "
+    "/var/lib/node_exporter/textfile_collector/runc_guard.prom; - for stdout.",
+)
 def metrics_cmd(
     cgroup_root: str,
     kubepods: tuple[str, ...],
     runtime_root: str,
     bundle_root: str,
+    state_roots: tuple[str, ...],
+    orphans: bool,
     min_age: float,
     max_leaked: int,
     pending_max_age: float,
     output: str,
 ) -> None:
-    """Export delete, sweep and leak metrics in Prometheus text format.
+    """Export delete, sweep, leak and kernel cgroup metrics in Prometheus text format.
 
     Folds the shim's per-delete lines (settings: stats_file) into counters kept
-    next to it (exactly once, no daemon needed), adds the sweep's counters and
-    the gauges of a fresh audit (leaked cgroups, pending records). Run it from a
-    timer; `runc-guardctl audit --metrics-file PATH` does the same as a side job.
+    next to it (exactly once, no daemon needed), adds the sweep's counters, the
+    gauges of a fresh audit (leaked cgroups per pod, orphaned runtime state,
+    pending records), the kernel's own counters (/proc/cgroups, cgroup.stat:
+    dying cgroups) and whether the settings are valid. Run it from a timer;
+    `runc-guardctl audit --metrics-file PATH` does the same as a side job.
+    An invalid settings file still yields metrics (runc_guard_config_valid 0).
     """
-    settings = load_settings()
-    report, _code, now = run_audit(
-        settings, cgroup_root, kubepods, runtime_root, bundle_root, min_age,
-        max_leaked, pending_max_age,
-    )
-    text = export(settings.stats_file, gauges(report, now), now, None if output == "-" else output)
+    target = None if output == "-" else output
+    # As the delete path does: valid keys apply, invalid ones keep their defaults and
+    # are reported (runc_guard_config_valid 0); the audit's gauges still come out.
+    settings, config_error, report, _code, now = audit_leniently(
+        cgroup_root, kubepods, runtime_root, bundle_root, state_roots,
+        orphans, min_age, max_leaked, pending_max_age,
+    )  # fmt: skip
+    text = write_metrics(settings, config_error, report, now, cgroup_root, kubepods, target)
     if output == "-":
         click.echo(text, nl=False)
     else:

@@ -15,6 +15,7 @@ import click
 from runc_guard.cgroupfs import RealCgroupFs, cgroup_mounts
 from runc_guard.config import Settings, load_settings
 from runc_guard.discovery import DEFAULT_KUBEPODS, Discovery, check_kubepods_name, discover
+from runc_guard.orphans import DEFAULT_FLAT_ROOTS, DEFAULT_REDRIVE_TIMEOUT, Orphans, live_shim_ids
 from runc_guard.pacing import PACING_MODES, PacingSettings
 from runc_guard.sweep import (
     DEFAULT_BATCH,
@@ -97,27 +98,73 @@ def scan_options(func: F) -> F:
         click.option("--bundle-root", default=DEFAULT_BUNDLE_ROOT, show_default=True,
                      type=click.Path(file_okay=False),
                      help="containerd's task bundles <namespace>/<id>: a container with a bundle is kept."),
+        click.option("--state-root", "state_roots", multiple=True,
+                     default=DEFAULT_FLAT_ROOTS, show_default=True, type=click.Path(file_okay=False),
+                     help="Flat runtime state root holding <id> (runc's /run/runc, crun's /run/crun); "
+                          "repeatable. State there keeps its container like --runtime-root's."),
+        click.option("--orphans/--no-orphans", default=True, show_default=True,
+                     help="Judge runtime state whose init is dead, with no containerd bundle and no "
+                          "live shim: an orphan (sweep re-runs the runtime's delete --force, audit "
+                          "reports it). --no-orphans: any runtime state keeps its container."),
         click.option("--min-age", default=DEFAULT_MIN_AGE, show_default=True,
                      type=click.FloatRange(min=0), metavar="SECONDS",
-                     help="Keep cgroups younger than this (a container being created has its "
-                          "cgroup before its runtime state)."),
+                     help="Keep cgroups and runtime state younger than this (a container being "
+                          "created has its cgroup before its runtime state)."),
     ]
     for option in reversed(options):
         func = option(func)
     return func
 
 
+def runtime_dirs(
+    settings: Settings,
+    runtime_root: str,
+    bundle_root: str,
+    state_roots: tuple[str, ...],
+    orphans: bool,
+    redrive_timeout: float = DEFAULT_REDRIVE_TIMEOUT,
+) -> RuntimeDirs:
+    """Where runtime state and bundles live, and (``orphans``) how orphaned state is judged and re-driven."""
+    plain = RuntimeDirs(runtime_root, bundle_root, tuple(state_roots))
+    if not orphans:
+        return plain
+    judge = Orphans(
+        roots=(runtime_root, *state_roots),
+        has_bundle=plain.has_bundle,
+        configured_runtime=settings.runtime,
+        mounts=cgroup_mounts,
+        shims=live_shim_ids(),
+        timeout=redrive_timeout,
+    )
+    return RuntimeDirs(runtime_root, bundle_root, tuple(state_roots), judge)
+
+
 def scan(
-    settings: Settings, cgroup_root: str, kubepods: tuple[str, ...], fs: RealCgroupFs
+    settings: Settings,
+    cgroup_root: str,
+    kubepods: tuple[str, ...],
+    fs: RealCgroupFs,
+    runtime: RuntimeDirs,
+    min_age: float,
 ) -> Discovery:
-    """Find every container unit below the kubepods trees plus the shim's pending records."""
-    return discover(cgroup_root, kubepods, settings.pending_dir, fs, cgroup_mounts())
+    """Find every container unit below the kubepods trees, the shim's pending records and orphaned state."""
+    states = None
+    if runtime.orphans is not None:
+        states = (runtime.orphans.scan(), time.time(), min_age)
+    return discover(cgroup_root, kubepods, settings.pending_dir, fs, cgroup_mounts(), states)
 
 
 def _print_text(report: SweepReport) -> None:
     for entry in report.containers:
         if entry["action"] == "would_remove":
             click.echo(f"would remove {entry['id']}  ({entry['dirs']} dirs, {entry['pod']})")
+        elif entry["action"] == "would_redrive":
+            click.echo(f"would remove {entry['id']}  ({entry['dirs']} dirs, {entry['pod']}) "
+                       "after its runtime's delete --force (orphaned runtime state)")
+    for rerun in report.redriven:
+        status = rerun["error"] or f"exit {rerun['exit_code']}"
+        left = "state kept" if rerun["state_left"] else "state gone"
+        click.echo(f"re-ran {' '.join(rerun['argv'])}: {status}, {left}, {rerun['seconds']:g}s")
     verb = "would remove" if report.dry_run else "removed"
     done = report.candidates if report.dry_run else report.removed
     dirs = "" if report.dry_run else f" ({report.dirs_removed} dirs)"
@@ -170,6 +217,10 @@ def _progress(enabled: bool) -> Callable[[int, int], None] | None:
 @click.option("--max-slowdown", default=DEFAULT_MAX_SLOWDOWN, show_default=True,
               type=click.FloatRange(min=0), metavar="SECONDS",
               help="Longest extra wait between two batches while sys% stays high.")
+@click.option("--redrive-timeout", default=DEFAULT_REDRIVE_TIMEOUT, show_default=True,
+              type=click.FloatRange(min=0.1), metavar="SECONDS",
+              help="Longest a re-run of the runtime's delete --force for orphaned state may take "
+                   "(then it is killed and the state kept for the next sweep).")
 @click.option("--dry-run", is_flag=True, help="Remove nothing; list what would be removed.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="json: the full report, with per-batch timings.")
@@ -179,11 +230,14 @@ def sweep(
     kubepods: tuple[str, ...],
     runtime_root: str,
     bundle_root: str,
+    state_roots: tuple[str, ...],
+    orphans: bool,
     min_age: float,
     batch: int,
     pause: float,
     max_sys_percent: float,
     max_slowdown: float,
+    redrive_timeout: float,
     dry_run: bool,
     fmt: str,
     **pacing: Any,
@@ -198,19 +252,27 @@ def sweep(
     QoS-level cgroups are never touched. Records the shim left in pending_dir
     are finished the same way.
 
+    Runtime state whose init is dead (pid gone or reused), that no containerd
+    bundle and no live shim owns and that is older than --min-age is orphaned
+    (runc >= 1.2 keeps its state when its delete fails; nobody re-runs it on
+    containerd's dead-shim path): the sweep re-runs the runtime's own
+    `delete --force` for it (the pending record's runtime, else settings'
+    runtime; crun for crun's state), then removes what is left as above.
+
     Try --dry-run first. Exit status 0 when the sweep ran (kept cgroups and
     errors are reported, not fatal); non-zero only when it could not run: 66 no
     cgroup hierarchy, 75 another sweep is running, 78 bad settings.
     """
     settings = load_settings()
     fs = RealCgroupFs()
-    discovery = scan(settings, cgroup_root, kubepods, fs)
+    runtime = runtime_dirs(settings, runtime_root, bundle_root, state_roots, orphans, redrive_timeout)
+    discovery = scan(settings, cgroup_root, kubepods, fs, runtime, min_age)
     options = SweepOptions(
         min_age, batch, pause, max_sys_percent, max_slowdown, dry_run, **pacing_fields(**pacing)
     )
     sweeper = Sweeper(
         fs,
-        RuntimeDirs(runtime_root, bundle_root),
+        runtime,
         options,
         progress=_progress(fmt == "text" and not dry_run and sys.stderr.isatty()),
     )

@@ -1,0 +1,204 @@
+"""A crash storm on a chosen containerd + runc: N Path B crashes at once, teardowns 0.3-3 s.
+
+Per runtime (the stock runc, then runc-guard fronting the same runc, in one run on
+one private containerd): start N host-PID busybox tasks, freeze two of each
+task's three children in a freezer hold of its own, SIGKILL every init and every
+shim within a moment (a node's worth of OOMed pods), and thaw each hold after its
+own delay drawn from 0.3-3 s. containerd's dead-shim cleanup then runs N
+``delete --force`` at once. Reported: cgroup directories and runtime state left
+(and pending records), runc-guard's wait (p50/p99 from its stats lines), its CPU
+per delete (its own, from the canonical entry; the runtime's separately), and
+the peak memory of all runc-guard processes alive at once (sampled every 20 ms,
+resident set, shared file pages counted once). What the deadline leaves is then
+given to ``runc-guardctl sweep`` and counted again.
+
+Run as root: ``python -m bench.storm [--containers 200] [--containerd 2.2] [--runc 1.3.4]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from bench.common import print_table
+from integration import containerd_lab as cl
+from integration.lab import FreezerHold, wait_for
+
+PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+class MemorySampler(threading.Thread):
+    """Peak resident memory of all live processes running ``needle`` (shared pages once)."""
+
+    def __init__(self, needle: str) -> None:
+        super().__init__(daemon=True)
+        self.needle = needle.encode()
+        self.peak_kb = 0
+        self.peak_count = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            private = shared = count = 0
+            for name in os.listdir("/proc"):
+                if not name.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{name}/cmdline", "rb") as f:
+                        if self.needle not in f.read():
+                            continue
+                    with open(f"/proc/{name}/statm") as f:
+                        fields = f.read().split()
+                except OSError:
+                    continue
+                resident, file_shared = int(fields[1]) * PAGE_KB, int(fields[2]) * PAGE_KB
+                private += resident - file_shared
+                shared = max(shared, file_shared)
+                count += 1
+            if private + shared > self.peak_kb:
+                self.peak_kb, self.peak_count = private + shared, count
+            self.stop.wait(0.02)
+
+
+def storm(lab: cl.GuardedLab, ns: str, binary: str, delays: list[float]) -> dict[str, Any]:
+    """One storm through ``binary``; returns what it left and what it cost."""
+    ctd = lab.containerd
+    tasks = [cl.run_task(ctd, ns, binary, children=3) for _ in delays]
+    holds = [FreezerHold.create() for _ in tasks]
+    sampler = MemorySampler(cl.guard_binary())
+    before = len(cl.delete_stats(lab.settings))
+    try:
+        victims = []
+        for task, hold in zip(tasks, holds, strict=True):
+            hold.hold(task.children()[:2])
+            init = task.init_pid()
+            victims.append((init, task.shim_pid(init)))
+        sampler.start()
+        killed = time.monotonic()
+        for init, shim in victims:
+            os.kill(init, 9)
+            os.kill(shim, 9)
+        for delay, hold in sorted(zip(delays, holds, strict=True), key=lambda pair: pair[0]):
+            time.sleep(max(0.0, killed + delay - time.monotonic()))
+            hold.release()
+        wait_for(lambda: all(t.gone() for t in tasks), 120, 0.1)
+        wait_for(lambda: not any(t.pids() for t in tasks), 30, 0.1)
+        elapsed = time.monotonic() - killed
+    finally:
+        sampler.stop.set()
+        for hold in holds:
+            hold.destroy()
+    stats = cl.delete_stats(lab.settings)[before:]
+    left = {t.id: t.cgroup_dirs() for t in tasks}
+    states = [t.id for t in tasks if os.path.exists(ctd.runc_state(ns, t.id))]
+    records = [r for r in cl.pending_records(lab.settings) if r.split("@")[0] in left]
+    return {
+        "tasks": tasks,
+        "left": left,
+        "dirs": sum(len(d) for d in left.values()),
+        "containers": sum(1 for d in left.values() if d),
+        "states": states,
+        "records": records,
+        "elapsed": elapsed,
+        "stats": stats,
+        "peak_kb": sampler.peak_kb,
+        "peak_count": sampler.peak_count,
+    }
+
+
+def sweep(lab: cl.GuardedLab, ns: str, runc: str, task_id: str) -> dict[str, Any]:
+    """``runc-guardctl sweep`` over the lab's roots (what a node's timer would run next)."""
+    ctd = lab.containerd
+    state_root = os.path.dirname(os.path.dirname(ctd.runc_state(ns, task_id)))
+    bundle_root = os.path.dirname(os.path.dirname(ctd.bundle(ns, task_id)))
+    ctl = os.path.join(os.path.dirname(sys.executable), "runc-guardctl")
+    started = time.monotonic()
+    proc = subprocess.run(
+        [ctl, "sweep", "--min-age", "0", "--pause", "0", "--format", "json", "--kubepods", ns,
+         "--runtime-root", state_root, "--bundle-root", bundle_root],
+        capture_output=True, text=True, check=False, timeout=600,
+        env={**os.environ, **lab.settings, "RUNC_GUARD_RUNTIME": runc},
+    )
+    report = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
+    return {"status": proc.returncode, "seconds": time.monotonic() - started, "report": report}
+
+
+def _pct(values: list[int], q: float) -> str:
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    return str(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--containers", type=int, default=200)
+    parser.add_argument("--containerd", choices=["1.6", "2.2"], default="2.2")
+    parser.add_argument("--runc", choices=["1.1.5", "1.3.4", "1.5.1"], default="1.3.4")
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args()
+    build = cl.find_build(cl.CONTAINERD_22 if args.containerd == "2.2" else cl.CONTAINERD_16)
+    runc = cl.runc_binary(args.runc)
+    if build is None or runc is None:
+        print(f"containerd {args.containerd} or runc {args.runc} not found: set RUNC_GUARD_TEST_RUNTIMES")
+        return 2
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
+    rng = random.Random(seed)
+    delays = [round(rng.uniform(0.3, 3.0), 2) for _ in range(args.containers)]
+    workdir = tempfile.mkdtemp(prefix="rgstorm-")
+    rows = []
+    try:
+        with cl.guarded_containerd(workdir, build=build, runc=runc) as lab, \
+                cl.namespace(lab.containerd) as ns:
+            for label, binary in ((f"runc {args.runc} (stock)", runc), ("runc-guard", cl.guard_binary())):
+                result = storm(lab, ns, binary, delays)
+                waited = [int(s["waited_ms"]) for s in result["stats"]]
+                cpu = [int(s.get("cpu_ms", 0)) for s in result["stats"]]
+                outcomes: dict[str, int] = {}
+                for s in result["stats"]:
+                    outcomes[str(s["outcome"])] = outcomes.get(str(s["outcome"]), 0) + 1
+                after = {"dirs": "-", "states": "-"}
+                if binary != runc and (result["dirs"] or result["states"]):
+                    swept = sweep(lab, ns, runc, result["tasks"][0].id)
+                    after = {
+                        "dirs": str(sum(len(t.cgroup_dirs()) for t in result["tasks"])),
+                        "states": str(sum(os.path.exists(lab.containerd.runc_state(ns, t.id))
+                                          for t in result["tasks"])),
+                    }
+                    print(f"sweep after the storm: exit {swept['status']} in {swept['seconds']:.1f} s")
+                rows.append([
+                    label, str(len(delays)), str(result["dirs"]), str(result["containers"]),
+                    str(len(result["states"])), str(len(result["records"])),
+                    f"{after['dirs']} / {after['states']}",
+                    _pct(waited, 0.5), _pct(waited, 0.99),
+                    f"{statistics.median(cpu):.0f}" if cpu else "-",
+                    f"{result['peak_kb'] / 1024:.0f} MiB ({result['peak_count']} procs)" if cpu else "-",
+                    " ".join(f"{k}={v}" for k, v in sorted(outcomes.items())) or "-",
+                    f"{result['elapsed']:.1f}",
+                ])
+                cl.remove_namespace(lab.containerd, ns)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print_table(
+        f"Crash storm: {len(delays)} Path B crashes at once, containerd {args.containerd}, "
+        f"runc {args.runc}, teardowns 0.3-3 s (seed {seed})",
+        ["runtime", "crashes", "dirs left", "containers leaking", "runtime states left", "pending records",
+         "after sweep: dirs / states", "wait p50 ms", "wait p99 ms", "CPU/delete ms (median)",
+         "peak memory, all runc-guard", "outcomes", "storm s"],
+        rows,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

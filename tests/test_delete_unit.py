@@ -1,0 +1,729 @@
+"""Every branch of DeleteRun's decision table, with a fake runtime and a fake cgroupfs (issue 11).
+
+The runtime is a small /bin/sh script that deletes ``<root>/<id>`` like runc (or
+not) and exits N; the cgroups are FakeCgroupFs directories; the state root and
+every runc-guard path live under tmp_path. ``init_process_pid`` is either a pid
+that cannot exist (above the kernel's PID_MAX_LIMIT) or this test process itself
+with its real start time, so ``init_alive`` reads the real /proc both ways.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pytest
+
+import runc_guard.delete as delete_mod
+from runc_guard.argv import parse
+from runc_guard.config import Settings
+from runc_guard.delete import DeleteRun, run_delete
+from runc_guard.pending import PendingRecord, record_path, write_record
+from runc_guard.procinfo import start_time
+from tests.fakes import FakeCgroupFs, FakeClock
+
+#: include/linux/threads.h PID_MAX_LIMIT is 4 Mi: no process can ever have this pid.
+DEAD_PID = (4 << 20) + 7
+DEAD_START = 12345
+MOUNTS = {"/sys/fs/cgroup/memory": "cgroup", "/sys/fs/cgroup/unified": "cgroup2"}
+SANDBOX_ID_LABEL = "io.kubernetes.cri.sandbox-id"
+CONTAINER_TYPE_LABEL = "io.kubernetes.cri.container-type"
+
+
+def mounts() -> Mapping[str, str]:
+    return MOUNTS
+
+
+def cgroup_dirs(relative: str) -> dict[str, str]:
+    """runc's ``cgroup_paths`` for ``relative`` in the fake's two hierarchies."""
+    return {"memory": f"/sys/fs/cgroup/memory{relative}", "": f"/sys/fs/cgroup/unified{relative}"}
+
+
+class Lab:
+    """A state root, settings in tmp_path, a fake kernel and a journal of what happened in order."""
+
+    def __init__(self, tmp: str, fs: FakeCgroupFs, clock: FakeClock) -> None:
+        self.tmp = tmp
+        self.fs = fs
+        self.clock = clock
+        self.root = os.path.join(tmp, "state")
+        os.makedirs(self.root)
+        self.order = os.path.join(tmp, "order")
+        # the mount points and the containers' parent, which the kernel always has
+        for mount in MOUNTS:
+            fs.add(mount)
+            fs.add(f"{mount}/rgt")
+        self.runc_log = os.path.join(tmp, "runc-log.json")
+        self.settings = Settings(
+            pending_dir=os.path.join(tmp, "pending"),
+            journal_socket=os.path.join(tmp, "no-journald.socket"),
+            log_file=os.path.join(tmp, "events.jsonl"),
+            stats_file=os.path.join(tmp, "stats.jsonl"),
+            delete_timeout=2.0,
+            poll_interval=0.02,
+        )
+
+    # -- inputs -----------------------------------------------------------------
+
+    def container(
+        self,
+        cid: str,
+        *,
+        alive: bool = False,
+        pidns: str = "host",
+        relative: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        pids: tuple[int, ...] = (),
+        mtime: float | None = None,
+    ) -> list[str]:
+        """A state.json as runc writes it, and its cgroup dirs in the fake; returns the dirs."""
+        relative = relative or f"/rgt/{cid}"
+        paths = cgroup_dirs(relative)
+        pid, start = (os.getpid(), start_time(os.getpid())) if alive else (DEAD_PID, DEAD_START)
+        namespaces: list[dict[str, str]] = [{"type": "NEWNS", "path": ""}]
+        if pidns == "private":
+            namespaces.append({"type": "NEWPID", "path": ""})
+        elif pidns == "joined":
+            namespaces.append({"type": "NEWPID", "path": "/proc/1/ns/pid"})
+        doc = {
+            "id": cid,
+            "init_process_pid": pid,
+            "init_process_start": start,
+            "created": "2026-11-30T10:00:00.123456789Z",
+            "cgroup_paths": paths,
+            "config": {
+                "cgroups": {"path": relative},
+                "namespaces": namespaces,
+                "labels": [f"bundle=/run/bundles/{cid}", *(f"{k}={v}" for k, v in (labels or {}).items())],
+            },
+        }
+        os.makedirs(os.path.join(self.root, cid))
+        with open(os.path.join(self.root, cid, "state.json"), "w") as f:
+            json.dump(doc, f)
+        # kernfs stamps a cgroup dir at mkdir: "now", i.e. after the init started
+        stamp = time.time() if mtime is None else mtime
+        for path in paths.values():
+            self.fs.add(path, pids, mtime=stamp)
+        return sorted(paths.values())
+
+    def runtime(self, status: int = 0, *, removes_state: bool = True, body: str = "") -> str:
+        """A stand-in runtime: logs its call, deletes ``<root>/<last arg>`` as runc does, exits."""
+        path = os.path.join(self.tmp, f"runtime-{len(os.listdir(self.tmp))}")
+        remove = f'rm -rf "{self.root}/$id"' if removes_state else ":"
+        with open(path, "w") as f:
+            f.write(
+                "#!/bin/sh\n"
+                "for id; do :; done\n"  # the last argument: the container id
+                f'echo "runtime $id" >> {self.order}\n'
+                f"{body}\n{remove}\nexit {status}\n"
+            )
+        os.chmod(path, 0o755)
+        return path
+
+    def invocation_args(self, cid: str) -> list[str]:
+        return ["--root", self.root, "--log", self.runc_log, "--log-format", "json", "delete", "--force", cid]
+
+    def run(self, cid: str, runtime: str, settings: Settings | None = None, **kw: Any) -> int:
+        args = self.invocation_args(cid)
+        run = DeleteRun(
+            parse(args), args, runtime, settings or self.settings, fs=self.fs, mounts=mounts, clock=self.clock
+        )
+        return run.run(**kw)
+
+    # -- outputs ----------------------------------------------------------------
+
+    def events(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.settings.log_file) as f:
+                return [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+
+    def entry(self) -> dict[str, Any]:
+        """The one canonical ``delete`` entry of the (last) delete."""
+        entries = [e for e in self.events() if e["event"] == "delete"]
+        assert entries, self.events()
+        return entries[-1]
+
+    def stats(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.settings.stats_file) as f:
+                return [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+
+    def runs(self) -> list[str]:
+        """Lines of the shared order file: ``runtime <id>``, ``wait``, ``kill N``, ``rmdir P``."""
+        try:
+            with open(self.order) as f:
+                return f.read().splitlines()
+        except FileNotFoundError:
+            return []
+
+    def records(self) -> list[str]:
+        try:
+            return sorted(os.listdir(self.settings.pending_dir))
+        except FileNotFoundError:
+            return []
+
+    def has_state(self, cid: str) -> bool:
+        return os.path.exists(os.path.join(self.root, cid, "state.json"))
+
+
+class OrderedFs(FakeCgroupFs):
+    """The fake kernel, writing its waits, kills and rmdirs into the runtime's order file."""
+
+    order: str = ""
+
+    def _note(self, line: str) -> None:
+        with open(self.order, "a") as f:
+            f.write(line + "\n")
+
+    def kill_if_member(self, pid: int, path: str) -> bool:
+        done = super().kill_if_member(pid, path)
+        if done:
+            self._note(f"kill {pid}")
+        return done
+
+    def rmdir(self, path: str) -> None:
+        super().rmdir(path)
+        self._note(f"rmdir {path}")
+
+    def wait_for_change(self, paths: Any, timeout: float, event_timeout: float) -> None:
+        self._note("wait")
+        super().wait_for_change(paths, timeout, event_timeout)
+
+
+def _test_handler(_signum: int, _frame: object) -> None:
+    """Stands in for the process's own handlers while a test runs."""
+
+
+@pytest.fixture(autouse=True)
+def _restore_signals() -> Iterator[None]:
+    """DeleteRun installs handlers for SIGTERM/SIGINT/SIGHUP (and leaves "note only" ones
+    after reporting, as the shim exits right after): give pytest its own back."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    # The tests send themselves SIGTERM: whatever handler the delete leaves or restores, it must
+    # never be the default one, which would end pytest.
+    for sig in saved:
+        signal.signal(sig, _test_handler)
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+@pytest.fixture
+def lab(tmp_path: Any, clock: FakeClock) -> Lab:
+    fs = OrderedFs(clock)
+    made = Lab(str(tmp_path), fs, clock)
+    fs.order = made.order
+    return made
+
+
+# -- refused / stepped aside --------------------------------------------------------------
+
+
+def test_refused_when_state_escapes_cgroupfs(lab: Lab) -> None:
+    """A state naming a path outside every cgroup mount: exit 65, the runtime is not run, nothing touched."""
+    dirs = lab.container("c1", pids=(4242,))
+    with open(os.path.join(lab.root, "c1", "state.json")) as f:
+        doc = json.load(f)
+    doc["cgroup_paths"]["memory"] = "/etc/rgt/c1"
+    with open(os.path.join(lab.root, "c1", "state.json"), "w") as f:
+        json.dump(doc, f)
+    assert lab.run("c1", lab.runtime()) == 65
+    assert lab.runs() == [] and lab.fs.killed == [] and lab.fs.rmdirs == []
+    assert all(lab.fs.exists(d) for d in dirs) and lab.has_state("c1")
+    entry = lab.entry()
+    assert (entry["outcome"], entry["level"]) == ("refused", "error")
+    assert "not below any cgroup mount point" in entry["reason"]
+    assert lab.records() == []
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["named_otherwise", "pre_existing", "foreign_process"],
+)
+def test_stepped_aside(lab: Lab, case: str) -> None:
+    """A cgroup that is not provably the container's: the runtime runs unchanged, its status is
+    returned, runc-guard kills and removes nothing, the warning says why, no record is left."""
+    if case == "named_otherwise":
+        # cgroupsPath names a shared service cgroup (issue 11 case 1)
+        dirs = lab.container("c1", relative="/system.slice/web.service", pids=(4242,))
+        why = "not named after container c1"
+    elif case == "pre_existing":
+        dirs = lab.container("c1", alive=True, mtime=time.time() - 3600 * 24 * 365, pids=(4242,))
+        why = "existed before the container was started"
+    else:
+        # private PID namespace, init dead: a live process that is not dying is not the container's
+        dirs = lab.container("c1", pidns="private", pids=(4242,))
+        why = "is alive and not the container's"
+    status = lab.run("c1", lab.runtime(3, removes_state=False))
+    assert status == 3
+    assert lab.runs().count("runtime c1") == 1
+    assert lab.fs.killed == [] and lab.fs.rmdirs == []
+    assert all(lab.fs.exists(d) for d in dirs) and 4242 in lab.fs.alive
+    events = lab.events()
+    assert [e["event"] for e in events] == ["step_aside", "delete"]
+    assert why in events[0]["reason"] and events[0]["level"] == "warning"
+    entry = lab.entry()
+    assert (entry["outcome"], entry["exit_status"], entry["level"]) == ("stepped_aside", 3, "warning")
+    assert lab.records() == []
+
+
+# -- no state -----------------------------------------------------------------------------
+
+
+def test_unknown_container_is_a_quiet_passthrough(lab: Lab) -> None:
+    """Neither the runtime nor a record knows the id: the runtime's status, no entry at info, no metric."""
+    runtime = lab.runtime(1, body='echo "container does not exist" >&2')
+    assert lab.run("ghost", runtime) == 1
+    assert lab.runs() == ["runtime ghost"]
+    assert lab.events() == [] and lab.stats() == []
+
+
+def test_unknown_container_is_logged_at_debug(lab: Lab) -> None:
+    """At log_level=debug the same passthrough leaves one debug entry (outcome unknown), still no metric."""
+    settings = Settings(**{**lab.settings.as_dict(), "log_level": "debug"})
+    assert lab.run("ghost", lab.runtime(0), settings) == 0
+    (entry,) = lab.events()
+    assert (entry["outcome"], entry["level"]) == ("unknown", "debug")
+    assert lab.stats() == []
+
+
+def test_pending_record_is_finished_without_state(lab: Lab) -> None:
+    """No state but a record (an earlier delete hit its deadline): the runtime's status passes through,
+    the recorded dirs are removed, the record is dropped."""
+    dirs = sorted(cgroup_dirs("/rgt/c1").values())
+    for d in dirs:
+        lab.fs.add(d, ())
+    write_record(
+        lab.settings.pending_dir,
+        PendingRecord("c1", lab.root, dirs, DEAD_PID, DEAD_START, "runc", time.time()),
+    )
+    assert lab.run("c1", lab.runtime(1, body='echo "container does not exist" >&2')) == 1
+    assert not any(lab.fs.exists(d) for d in dirs)
+    assert lab.entry()["outcome"] == "record_finished"
+    assert lab.records() == []
+    assert [s["outcome"] for s in lab.stats()] == ["record_finished"]
+
+
+# -- the decision table -------------------------------------------------------------------
+
+
+def test_init_dead_waits_first_then_runs_runtime(lab: Lab) -> None:
+    """Init dead (the dead-shim path): stragglers (host PID) killed and the cgroups emptied *before*
+    the runtime runs, so its own removal succeeds; then what is left is removed; exit 0."""
+    dirs = lab.container("c1", pids=(4242,))
+    lab.fs.dies_on_kill = False
+    lab.fs.on_wait = lambda fs: fs.exit(4242)
+    assert lab.run("c1", lab.runtime(0)) == 0
+    order = lab.runs()
+    assert order.index("kill 4242") < order.index("wait") < order.index("runtime c1")
+    assert all(line.startswith("rmdir") for line in order[order.index("runtime c1") + 1 :])
+    assert not any(lab.fs.exists(d) for d in dirs)
+    entry = lab.entry()
+    assert (entry["outcome"], entry["init_alive"], entry["stragglers_killed"]) == ("removed", False, [4242])
+    assert entry["runtime_runs"] == 1 and lab.records() == []
+
+
+def test_init_alive_runs_runtime_first(lab: Lab) -> None:
+    """Init alive (``delete --force`` of a running container): the runtime runs before any wait or rmdir."""
+    dirs = lab.container("c1", alive=True, pidns="private")
+    assert lab.run("c1", lab.runtime(0)) == 0
+    order = lab.runs()
+    assert order[0] == "runtime c1" and "wait" not in order
+    assert not any(lab.fs.exists(d) for d in dirs)
+    assert lab.fs.killed == []
+    entry = lab.entry()
+    assert (entry["outcome"], entry["init_alive"], entry["pid_namespace"]) == ("removed", True, "private")
+
+
+def test_runtime_failed_state_kept_passes_through(lab: Lab) -> None:
+    """The runtime exits 1 and keeps its state (it still owns the container): status 1, nothing removed."""
+    dirs = lab.container("c1", alive=True)
+    assert lab.run("c1", lab.runtime(1, removes_state=False)) == 1
+    assert lab.has_state("c1") and all(lab.fs.exists(d) for d in dirs)
+    assert lab.fs.rmdirs == [] and lab.fs.killed == []
+    entry = lab.entry()
+    assert (entry["outcome"], entry["exit_status"], entry["level"]) == ("runtime_failed", 1, "warning")
+    assert lab.records() == []
+
+
+def test_runtime_failed_after_removing_state_cleans_leftovers(lab: Lab) -> None:
+    """The runtime removes its state, exits 1, leaves the cgroups: they are removed, status 1 stays."""
+    dirs = lab.container("c1", alive=True)
+    assert lab.run("c1", lab.runtime(1)) == 1
+    assert not any(lab.fs.exists(d) for d in dirs)
+    assert (lab.entry()["outcome"], lab.entry()["exit_status"]) == ("removed", 1)
+    assert lab.records() == []
+
+
+def test_runtime_failed_after_removing_state_and_cgroups(lab: Lab) -> None:
+    """The runtime removed its state and nothing is left but it still failed: status passed on."""
+    dirs = lab.container("c1", alive=True)
+    for d in dirs:
+        del lab.fs.dirs[d]
+    assert lab.run("c1", lab.runtime(2)) == 2
+    entry = lab.entry()
+    assert (entry["outcome"], entry["exit_status"]) == ("runtime_failed", 2)
+
+
+def test_state_kept_after_exit_0_removes_nothing(lab: Lab) -> None:
+    """Exit 0 but the state is still there (``delete`` of a running container without --force):
+    its cgroups are the runtime's; nothing removed."""
+    dirs = lab.container("c1", alive=True)
+    assert lab.run("c1", lab.runtime(0, removes_state=False)) == 0
+    assert all(lab.fs.exists(d) for d in dirs) and lab.fs.rmdirs == []
+    assert lab.entry()["outcome"] == "state_kept" and lab.records() == []
+
+
+def test_busy_cgroup_reruns_the_runtime(lab: Lab) -> None:
+    """runc >= 1.2: the first delete exits 1 and keeps its state while a cgroup is busy; runc-guard
+    waits for the cgroups and runs it again, which then succeeds; exit 0, 0 dirs, 2 runtime runs."""
+    dirs = lab.container("c1", pidns="private", pids=(4242,))
+    lab.fs.dying.add(4242)  # the kernel's zap of the PID namespace is under way
+    waits = {"n": 0}
+
+    def exit_later(fs: FakeCgroupFs) -> None:
+        waits["n"] += 1
+        if waits["n"] == 2:
+            fs.exit(4242)
+
+    lab.fs.on_wait = exit_later
+    first = os.path.join(lab.tmp, "ran-once")
+    body = (
+        f"if [ ! -e {first} ]; then touch {first}; "
+        "echo 'unable to remove container cgroup: device or resource busy' >&2; exit 1; fi"
+    )
+    assert lab.run("c1", lab.runtime(0, body=body)) == 0
+    assert lab.runs().count("runtime c1") == 2
+    assert not lab.has_state("c1") and not any(lab.fs.exists(d) for d in dirs)
+    entry = lab.entry()
+    assert (entry["outcome"], entry["runtime_runs"]) == ("removed", 2)
+    assert lab.fs.killed == []  # private PID namespace: never ours to kill
+    assert lab.records() == []
+
+
+def test_busy_cgroup_reruns_are_bounded(lab: Lab) -> None:
+    """A runtime that keeps failing with its state kept is re-run a bounded number of times, then its
+    own status is passed on and nothing is removed (the container is still the runtime's)."""
+    dirs = lab.container("c1")
+    assert lab.run("c1", lab.runtime(1, removes_state=False)) == 1
+    assert lab.runs().count("runtime c1") == 1 + delete_mod.MAX_RUNTIME_RERUNS
+    assert lab.has_state("c1") and all(lab.fs.exists(d) for d in dirs)
+    assert lab.entry()["outcome"] == "runtime_failed"
+
+
+# -- deadlines ----------------------------------------------------------------------------
+
+
+def test_deadline_before_the_runtime(lab: Lab) -> None:
+    """Init dead and a process that may not be killed keeps the cgroup busy: exit 75 at the deadline,
+    the runtime never ran (its state stays for a retry), the record is kept, stderr and --log say why."""
+    settings = Settings(**{**lab.settings.as_dict(), "kill_stragglers": False, "delete_timeout": 1.0})
+    dirs = lab.container("c1", pids=(4242,))
+    assert lab.run("c1", lab.runtime(0), settings) == 75
+    assert lab.runs().count("runtime c1") == 0 and lab.has_state("c1")
+    assert all(lab.fs.exists(d) for d in dirs) and 4242 in lab.fs.alive
+    assert len(lab.records()) == 1
+    entry = lab.entry()
+    assert (entry["outcome"], entry["level"]) == ("deadline", "error")
+    assert entry["pending_record"] == record_path(lab.settings.pending_dir, lab.root, "c1")
+    with open(lab.runc_log) as f:
+        (line,) = [json.loads(x) for x in f]
+    assert line["level"] == "error" and line["msg"].startswith("runc-guard: ")
+
+
+def test_runtime_deadline_stops_the_runtime(lab: Lab) -> None:
+    """A runtime that hangs is stopped at delete_timeout (SIGTERM): exit 75 in time, record kept."""
+    settings = Settings(**{**lab.settings.as_dict(), "delete_timeout": 0.5})
+    lab.container("c1", alive=True)
+    started = time.monotonic()
+    assert lab.run("c1", lab.runtime(0, body="exec sleep 30"), settings) == 75
+    assert time.monotonic() - started < 3
+    assert len(lab.records()) == 1 and lab.has_state("c1")
+    entry = lab.entry()
+    assert entry["outcome"] == "deadline" and "still running after" in entry["reason"]
+
+
+# -- settings, signals, internal errors (through run_delete, the shim's boundary) ----------
+
+
+@pytest.fixture
+def wired(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """run_delete builds its own DeleteRun: give it the fake kernel, and an environment into tmp."""
+
+    class Wired(DeleteRun):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            kw.setdefault("fs", lab.fs)
+            kw.setdefault("mounts", mounts)
+            kw.setdefault("clock", lab.clock)
+            super().__init__(*args, **kw)
+
+    monkeypatch.setattr(delete_mod, "DeleteRun", Wired)
+    config = os.path.join(lab.tmp, "config.toml")
+    with open(config, "w") as f:
+        f.write("delete_timout = 5\n")
+    return {
+        "RUNC_GUARD_CONFIG": config,
+        "RUNC_GUARD_CACHE_DIR": os.path.join(lab.tmp, "cache"),
+        "RUNC_GUARD_PENDING_DIR": lab.settings.pending_dir,
+        "RUNC_GUARD_LOG_FILE": lab.settings.log_file,
+        "RUNC_GUARD_STATS_FILE": lab.settings.stats_file,
+        "RUNC_GUARD_JOURNAL_SOCKET": lab.settings.journal_socket,
+    }
+
+
+def _run_delete(
+    lab: Lab, cid: str, runtime: str, raw: Mapping[str, object], env: Mapping[str, str], **kw: Any
+) -> int:
+    args = lab.invocation_args(cid)
+    return run_delete(parse(args), args, runtime, raw, None, env, **kw)
+
+
+def test_settings_error_never_changes_the_outcome(
+    lab: Lab, wired: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo'd key: two deletes end exactly as with a clean file (exit 0, cgroups removed, nothing on
+    stderr); the problem is reported once for this version of the file, not per delete."""
+    for cid in ("c1", "c2"):
+        dirs = lab.container(cid)
+        assert _run_delete(lab, cid, lab.runtime(0), {"delete_timout": 5}, wired) == 0
+        assert not any(lab.fs.exists(d) for d in dirs)
+    assert capsys.readouterr().err == ""
+    events = lab.events()
+    problems = [e for e in events if e["event"] == "config_invalid"]
+    assert len(problems) == 1 and "delete_timout" in problems[0]["reason"]
+    assert [e["outcome"] for e in events if e["event"] == "delete"] == ["removed", "removed"]
+
+
+def test_settings_bad_value_keeps_the_default(lab: Lab, wired: dict[str, str]) -> None:
+    """A valid key with a bad value keeps its default; the other keys still apply."""
+    dirs = lab.container("c1")
+    raw = {"delete_timeout": "soon", "kill_stragglers": True}
+    assert _run_delete(lab, "c1", lab.runtime(0), raw, wired) == 0
+    assert not any(lab.fs.exists(d) for d in dirs)
+    (problem,) = [e for e in lab.events() if e["event"] == "config_invalid"]
+    assert "delete_timeout" in problem["reason"]
+
+
+def test_interrupted_before_the_delete(lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:
+    """A signal that arrived while the shim was still loading the delete path: exit 128+N, said on
+    stderr, nothing run or removed."""
+    dirs = lab.container("c1", pids=(4242,))
+    assert lab.run("c1", lab.runtime(0), early_signals=[signal.SIGTERM]) == 128 + signal.SIGTERM
+    assert lab.runs() == [] and lab.fs.killed == [] and all(lab.fs.exists(d) for d in dirs)
+    assert "interrupted by SIGTERM" in capsys.readouterr().err
+    entry = lab.entry()
+    assert (entry["outcome"], entry["exit_status"]) == ("interrupted", 143)
+
+
+def test_internal_error_takes_the_failure_path(
+    lab: Lab, wired: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unexpected exception deep inside (the fake kernel raises): exit 70, one stderr line, a --log
+    line, a canonical entry with outcome internal_error, the record kept for the sweep, no traceback."""
+
+    def broken(_path: str) -> list[int]:
+        raise RuntimeError("kernel said something odd")
+
+    lab.fs.read_procs = broken  # type: ignore[method-assign]
+    lab.container("c1")
+    assert _run_delete(lab, "c1", lab.runtime(0), {}, wired) == 70
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "internal error: RuntimeError: kernel said something odd" in err
+    assert "Traceback" not in err
+    with open(lab.runc_log) as f:
+        (line,) = [json.loads(x) for x in f]
+    assert line["level"] == "error" and "internal error" in line["msg"]
+    entry = lab.entry()
+    assert (entry["outcome"], entry["exit_status"], entry["level"]) == ("internal_error", 70, "error")
+    assert len(lab.records()) == 1 and entry["pending_record"] is not None
+    assert lab.runs() == [] and lab.has_state("c1")
+
+
+# -- a CRI sandbox's dead siblings ----------------------------------------------------------
+
+
+def test_sandbox_delete_finishes_dead_siblings_only(lab: Lab) -> None:
+    """Deleting a sandbox also deletes the pod's containers whose init is dead (runtime's own
+    ``delete --force``, cgroups removed); a sibling with a live init and another pod's container
+    are untouched."""
+    pod = {CONTAINER_TYPE_LABEL: "sandbox", SANDBOX_ID_LABEL: "sb"}
+    sandbox_dirs = lab.container("sb", labels=pod)
+    dead = lab.container("app", labels={CONTAINER_TYPE_LABEL: "container", SANDBOX_ID_LABEL: "sb"})
+    live = lab.container(
+        "live", alive=True, labels={CONTAINER_TYPE_LABEL: "container", SANDBOX_ID_LABEL: "sb"}
+    )
+    other = lab.container("other", labels={CONTAINER_TYPE_LABEL: "container", SANDBOX_ID_LABEL: "sb2"})
+    assert lab.run("sb", lab.runtime(0)) == 0
+    assert not any(lab.fs.exists(d) for d in sandbox_dirs + dead)
+    assert not lab.has_state("sb") and not lab.has_state("app")
+    assert lab.has_state("live") and all(lab.fs.exists(d) for d in live)
+    assert lab.has_state("other") and all(lab.fs.exists(d) for d in other)
+    assert sorted(line for line in lab.runs() if line.startswith("runtime")) == ["runtime app", "runtime sb"]
+    entries = {e["container_id"]: e for e in lab.events() if e["event"] == "delete"}
+    assert set(entries) == {"sb", "app"}
+    assert entries["sb"]["siblings"] == [{"id": "app", "exit_status": 0}]
+    assert entries["app"]["sandbox_id"] == "sb" and entries["app"]["outcome"] == "removed"
+    assert lab.records() == []
+
+
+def test_non_sandbox_never_touches_its_pod(lab: Lab) -> None:
+    """A pod's ordinary container being deleted does not reach its dead siblings."""
+    lab.container("app", labels={CONTAINER_TYPE_LABEL: "container", SANDBOX_ID_LABEL: "sb"})
+    sib = lab.container("app2", labels={CONTAINER_TYPE_LABEL: "container", SANDBOX_ID_LABEL: "sb"})
+    assert lab.run("app", lab.runtime(0)) == 0
+    assert lab.has_state("app2") and all(lab.fs.exists(d) for d in sib)
+
+
+# -- drain and records (issue 11 case 7, unit level) -----------------------------------------
+
+
+def test_pid_zero_is_waited_for_never_killed(lab: Lab) -> None:
+    """A 0 in a v2 cgroup.procs (a task outside our PID namespace) keeps the cgroup populated but is
+    never signalled: drain waits for it and ends at the deadline, killing only real pids."""
+    from runc_guard.cleanup import drain
+    from runc_guard.errors import CgroupBusy
+
+    lab.fs.add("/sys/fs/cgroup/unified/rgt/c1", [0, 4242])
+    lab.fs.dies_on_kill = True
+    kills: list[int] = []
+    original: Callable[[int, str], bool] = lab.fs.kill_if_member
+
+    def recording(pid: int, path: str) -> bool:
+        kills.append(pid)
+        return original(pid, path)
+
+    lab.fs.kill_if_member = recording  # type: ignore[method-assign]
+    with pytest.raises(CgroupBusy) as busy:
+        drain(
+            ["/sys/fs/cgroup/unified/rgt/c1"], lab.fs, lab.clock() + 0.5, 0.02, may_kill=True, clock=lab.clock
+        )
+    assert kills == [4242] and 0 not in lab.fs.killed
+    assert busy.value.report is not None and busy.value.report.remaining == {
+        "/sys/fs/cgroup/unified/rgt/c1": (0,)
+    }
+    assert len(lab.fs.waits) > 1  # it waited instead of failing
+
+
+def test_record_vanishing_between_listdir_and_read_is_skipped(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record a finishing delete removes between the listing and the read is not a problem."""
+    from runc_guard import pending
+
+    pending_dir = str(tmp_path / "pending")
+    for cid in ("a", "b"):
+        write_record(pending_dir, PendingRecord(cid, "/run/runc", ["/x"], 1, 1, "runc", time.time()))
+    real_read = pending.read_record
+    gone = record_path(pending_dir, "/run/runc", "a")
+
+    def racing(path: str) -> PendingRecord:
+        if path == gone:
+            os.unlink(path)  # the other delete finished just now
+        return real_read(path)
+
+    monkeypatch.setattr(pending, "read_record", racing)
+    found = list(pending.iter_records(pending_dir))
+    assert [(os.path.basename(p), type(r).__name__) for p, r in found] == [
+        (os.path.basename(record_path(pending_dir, "/run/runc", "b")), "PendingRecord")
+    ]
+
+
+# -- who may be killed, claims, reporting (issue 11 rules) -----------------------------------
+
+
+@pytest.mark.parametrize(("pidns", "killed"), [("host", [4242]), ("joined", [4242]), ("private", [])])
+def test_stragglers_killed_only_where_the_runtime_would(lab: Lab, pidns: str, killed: list[int]) -> None:
+    """runc's destroy SIGKILLs a cgroup's processes only without a private PID namespace; so does
+    runc-guard. In a private one a dying process is waited for, never signalled."""
+    dirs = lab.container("c1", pidns=pidns, pids=(4242,))
+    lab.fs.dies_on_kill = False
+    lab.fs.dying.add(4242)  # as after the kernel's zap of the namespace
+    lab.fs.on_wait = lambda fs: fs.exit(4242)
+    assert lab.run("c1", lab.runtime(0)) == 0
+    assert lab.fs.killed == killed
+    assert not any(lab.fs.exists(d) for d in dirs)
+
+
+def test_kill_stragglers_false_is_respected(lab: Lab) -> None:
+    """kill_stragglers=false: even a host-PID straggler is only waited for."""
+    settings = Settings(**{**lab.settings.as_dict(), "kill_stragglers": False})
+    lab.container("c1", pids=(4242,))
+    lab.fs.on_wait = lambda fs: fs.exit(4242)
+    assert lab.run("c1", lab.runtime(0), settings) == 0
+    assert lab.fs.killed == []
+
+
+def test_second_delete_of_a_claimed_id_keeps_the_record(lab: Lab) -> None:
+    """While another delete holds (root, id), a second one neither runs the runtime nor touches the
+    record: exit 75 at its deadline, saying why."""
+    from runc_guard.pending import claim
+
+    settings = Settings(**{**lab.settings.as_dict(), "delete_timeout": 0.0})
+    dirs = lab.container("c1", pids=(4242,))
+    record = write_record(
+        lab.settings.pending_dir,
+        PendingRecord("c1", lab.root, dirs, DEAD_PID, DEAD_START, "runc", time.time()),
+    )
+    with claim(lab.settings.pending_dir, lab.root, "c1", lab.clock() + 10, lab.clock) as held:
+        assert held == "claimed"
+        assert lab.run("c1", lab.runtime(0), settings) == 75
+    assert os.path.exists(record) and lab.runs() == [] and lab.fs.killed == []
+    entry = lab.entry()
+    assert entry["outcome"] == "deadline" and "another delete of c1" in entry["reason"]
+
+
+def test_a_signal_while_reporting_changes_nothing(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM arriving while the verdict is being reported (journal, stats) neither changes the exit
+    status nor turns into an internal error."""
+    real = delete_mod.append_stats
+
+    def interrupted(*args: Any) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        real(*args)
+
+    monkeypatch.setattr(delete_mod, "append_stats", interrupted)
+    dirs = lab.container("c1")
+    assert lab.run("c1", lab.runtime(0)) == 0
+    assert not any(lab.fs.exists(d) for d in dirs)
+    assert lab.entry()["outcome"] == "removed" and [s["outcome"] for s in lab.stats()] == ["removed"]
+
+
+def test_signal_handlers_are_given_back_after_the_delete(lab: Lab) -> None:
+    """DeleteRun.run leaves the process's SIGTERM/SIGINT/SIGHUP handlers as it found them."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    lab.container("c1")
+    assert lab.run("c1", lab.runtime(0)) == 0
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_sigterm_while_a_later_sibling_waits_ends_the_delete(lab: Lab) -> None:
+    """A SIGTERM that arrives while the second of a sandbox's dead siblings is being waited for
+    interrupts the delete (exit 143), as it would during the sandbox's own wait."""
+    settings = Settings(**{**lab.settings.as_dict(), "kill_stragglers": False, "delete_timeout": 5.0})
+    pod = {CONTAINER_TYPE_LABEL: "sandbox", SANDBOX_ID_LABEL: "sb"}
+    lab.container("sb", labels=pod)
+    lab.container("app1", labels={CONTAINER_TYPE_LABEL: "container", SANDBOX_ID_LABEL: "sb"})
+    busy = lab.container(
+        "app2", labels={CONTAINER_TYPE_LABEL: "container", SANDBOX_ID_LABEL: "sb"}, pids=(4242,)
+    )
+    sent: list[int] = []
+
+    def term_once(fs: FakeCgroupFs) -> None:
+        if not sent and any(busy[0] in waited for waited, _t, _e in fs.waits):
+            sent.append(signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    lab.fs.on_wait = term_once
+    status = lab.run("sb", lab.runtime(0), settings)
+    assert sent, "the second sibling never waited"
+    assert status == 128 + signal.SIGTERM
+    waited_after = lab.clock() - 1000.0
+    assert waited_after < 1.0, f"kept waiting {waited_after:.1f} s after SIGTERM"
