@@ -17,10 +17,13 @@ after every batch:
 
 :func:`next_pace` is the decision, a pure function (AIMD, as TCP does with its
 window): while every signal stays under its limit the batch grows by a fixed
-step and the pause shrinks back to its floor; when any is over, the batch is
-halved and the pause doubled. Measuring and sleeping are thin seams
-(:class:`NodeSignals`, the sweeper's clock and sleep) so the loop is
-unit-tested with fakes and proven on the kernel in the kernel tests.
+step and the pause shrinks back to its floor; a slow canary or slower rmdirs
+cut the batch (and double the pause if the node is still slow after it);
+sys% and PSI, node-wide, only stop the growth. :func:`duty_pause` keeps the
+share of time spent removing under ``max_duty`` whatever the signals say.
+Measuring and sleeping are thin seams (:class:`NodeSignals`, the sweeper's
+clock and sleep) so the loop is unit-tested with fakes and proven on the
+kernel in the kernel tests. docs/sweep-pacing.md has the measurements.
 """
 
 from __future__ import annotations
@@ -51,17 +54,17 @@ class PacingSettings:
     increase: int = 100
     #: Multiplicative decrease of the batch when a signal is over its limit.
     decrease: float = 0.5
-    #: Floor and ceiling of the pause after a batch, seconds; it doubles on congestion.
+    #: Floor and ceiling of the pause after a batch, seconds; it doubles on a back-off.
     min_pause: float = 0.05
     max_pause: float = 2.0
     #: Canary latency over this many times its idle p90 is over its limit.
     canary_ratio: float = 2.0
-    #: The batch's median rmdir over this many times the first batch's median is congestion.
+    #: The batch's median rmdir over this many times the first batch's median is over its limit.
     rmdir_ratio: float = 2.0
     #: PSI "some" stall share (0-1) above the idle share by more than this holds the batch.
     #: The sweep's own runnable time counts there: flat out on 2 cores it adds ~0.3.
     max_pressure: float = 0.5
-    #: Node sys% above this is congestion (``--max-sys-percent``).
+    #: Node sys% above this holds the batch (``--max-sys-percent``).
     max_sys_percent: float = 30.0
     #: Canary samples, 10 ms apart, for the idle baseline before the first batch.
     calibration: int = 20
