@@ -69,10 +69,10 @@ class PacingSettings:
     #: Canary samples, 10 ms apart, for the idle baseline before the first batch.
     calibration: int = 20
     #: Longest share of the time spent removing: the pause after a batch lasts at least
-    #: (1 - duty) / duty times as long as the batch did. Measured: back-to-back batches
-    #: with 50 ms pauses (duty ~0.5) put the probe's p99 at 5-13x idle; the fixed
-    #: --pause 0 sweep, held to ~15 % by its sys% slowdowns, at 3-4x.
-    max_duty: float = 0.3
+    #: (1 - duty) / duty times as long as the batch did. Measured on a quiet machine:
+    #: 0.3 took 36 s with the probe's p99 at 3.1x idle, 0.2 took 53 s at 2.4x (the
+    #: removing itself takes ~11 s; at 0.5 the p99 was 5-13x on a busy machine).
+    max_duty: float = 0.2
 
 
 @dataclass(frozen=True)
