@@ -11,18 +11,26 @@ the same probe:
 - ``idle``: nothing but the probe, before every other phase and at the end;
   pooled, they are the baseline (the machine's own noise over the run);
 - ``naive rmdir loop``: the control, every directory removed as fast as possible;
-- ``sweep (defaults)``: ``runc-guardctl sweep`` with its defaults (batch 500
-  directories, pause 1 s, sys% ceiling 30), except ``--min-age 0`` (the tree is
-  seconds old) and runtime/bundle roots pointed at empty directories;
-- ``sweep --pause 0``: the same with no pause.
+- ``sweep --pacing fixed``: ``runc-guardctl sweep`` with the fixed pace's
+  defaults (batch 500 directories, pause 1 s, sys% ceiling 30);
+- ``sweep --pacing fixed --pause 0``: the same with no pause;
+- ``sweep --pacing adaptive``: the feedback pace (docs/sweep-pacing.md);
+- ``naive rmdir loop`` (``--naive``): the control, every directory removed as
+  fast as possible.
 
-Reported per phase: probe p50/p99/max, node-wide system CPU % (/proc/stat, all
-cores) over the phase, the remover's own CPU (wait4 rusage) and total time.
-Targets (issue 6): with defaults, probe p99 <= 2x idle and sys% below the
-configured ceiling (30 %). The machine is shared with other sessions: compare
-phases of one run with each other, not absolute times across runs.
+Every sweep runs with ``--min-age 0`` (the tree is seconds old) and
+runtime/bundle roots pointed at empty directories. The modes run ``--rounds``
+times, interleaved (round-robin, the order rotating each round), so each sees
+the same noise of this shared machine; the summary quotes medians over rounds.
 
-Run as root: ``python -m bench.sweep_gentleness [--containers 8147] [--idle 10]``.
+Reported per phase: probe p50/p99/max against the pooled idle phases and the
+idle phase just before it, node-wide system CPU % (/proc/stat, all cores),
+the remover's own CPU (wait4 rusage) and total time; per sweep, a table per
+second (batch target, dirs removed, pause, canary, signals over their limit,
+probe p99, sys%) from the sweep's JSON report and a /proc/stat sampler.
+Target (issue 14): 8147 x 10 dirs in <= 60 s with the probe's p99 <= 2x idle.
+
+Run as root: ``python -m bench.sweep_gentleness [--containers 8147] [--idle 5] [--rounds 2]``.
 """
 
 from __future__ import annotations
@@ -31,8 +39,10 @@ import argparse
 import bisect
 import json
 import os
+import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from typing import Any
@@ -43,6 +53,7 @@ from bench.common import (
     build_pod_tree,
     cgroup_mounts,
     cpu_sample,
+    percentile_ms,
     phase_stats,
     print_table,
     remove_everywhere,
@@ -65,12 +76,18 @@ for pod in sys.argv[1:]:
 #: The kernel finishes a removed cgroup later (css offline/free in workqueues, which
 #: take cgroup_mutex again): the first part of each pause is told apart from the rest.
 AFTER_BATCH = 0.2
-SEGMENTS = ("start-up + discovery", "planning (reads every unit)", "removing (in a batch)",
-            f"pause: first {AFTER_BATCH:g} s after a batch", "pause: the rest")
+SEGMENTS = (
+    "start-up + discovery",
+    "planning (reads every unit)",
+    "removing (in a batch)",
+    f"pause: first {AFTER_BATCH:g} s after a batch",
+    "pause: the rest",
+)
 
 
-def split_sweep(timeline: tuple[float, float, float, list[tuple[float, float]]],
-                samples: list[tuple[float, float]]) -> list[tuple[str, float, list[float]]]:
+def split_sweep(
+    timeline: tuple[float, float, float, list[tuple[float, float]]], samples: list[tuple[float, float]]
+) -> list[tuple[str, float, list[float]]]:
     """Split a sweep phase's probe samples: start-up and discovery, planning, removing, pausing.
 
     The report's batch times are relative to the start of ``Sweeper.run``, which began
@@ -98,9 +115,91 @@ def split_sweep(timeline: tuple[float, float, float, list[tuple[float, float]]],
                 buckets[3 if at - ends[i] <= AFTER_BATCH else 4].append(latency)
     in_batches = sum(b - a for a, b in zip(starts, ends, strict=True))
     gaps = [min(AFTER_BATCH, nxt - end) for end, nxt in zip(ends, [*starts[1:], last], strict=True)]
-    seconds = [run_start - t_start, first - run_start, in_batches, sum(gaps),
-               last - first - in_batches - sum(gaps)]
+    seconds = [
+        run_start - t_start,
+        first - run_start,
+        in_batches,
+        sum(gaps),
+        last - first - in_batches - sum(gaps),
+    ]
     return list(zip(SEGMENTS, seconds, buckets, strict=True))
+
+
+#: name -> (label, runc-guardctl sweep arguments)
+MODES: dict[str, tuple[str, list[str]]] = {
+    "fixed": ("sweep --pacing fixed (defaults)", ["--pacing", "fixed"]),
+    "pause0": ("sweep --pacing fixed --pause 0", ["--pacing", "fixed", "--pause", "0"]),
+    "adaptive": ("sweep --pacing adaptive", ["--pacing", "adaptive"]),
+}
+
+
+class CpuSampler:
+    """/proc/stat every 0.1 s in a thread, so any second of a phase has its node sys%."""
+
+    def __init__(self, interval: float = 0.1) -> None:
+        self.interval = interval
+        self.samples: list[tuple[float, tuple[int, int]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.monotonic(), cpu_sample()))
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def sys_between(self, start: float, end: float) -> float | None:
+        """Node sys% between the samples nearest to ``start`` and ``end``."""
+        times = [at for at, _ in self.samples]
+        i = min(bisect.bisect_left(times, start), len(times) - 1)
+        j = min(bisect.bisect_left(times, end), len(times) - 1)
+        if j <= i:
+            return None
+        return sys_percent(self.samples[i][1], self.samples[j][1])
+
+
+def per_second(
+    phase: dict[str, Any], samples: list[tuple[float, float]], sampler: CpuSampler
+) -> list[tuple[object, ...]]:
+    """One row per second of a sweep: what the pace decided and what the probe and /proc/stat saw."""
+    _t_start, t_end, duration, _ = phase["timeline"]
+    run_start = t_end - duration
+    seconds = max(1, int(duration + 0.999))
+    rows: list[tuple[object, ...]] = []
+    batches = phase["batch_docs"]
+    for sec in range(seconds):
+        lo, hi = run_start + sec, run_start + min(sec + 1, duration)
+        in_sec = [b for b in batches if sec <= b["started"] < sec + 1]
+        probe = [lat for at, lat in samples if lo <= at < hi]
+        canaries = [b["canary_ms"] for b in in_sec if b.get("canary_ms") is not None]
+        congested = sorted({c for b in in_sec for c in b.get("congested", [])})
+        decisions = [b["decision"] for b in in_sec if b.get("decision")]
+        counted = " ".join(f"{d} {decisions.count(d)}" for d in sorted(set(decisions)))
+        node_sys = sampler.sys_between(lo, hi)
+        rows.append(
+            (
+                sec,
+                len(in_sec),
+                max((b.get("target", 0) for b in in_sec), default=""),
+                sum(b["dirs_removed"] for b in in_sec),
+                max((b["pause"] for b in in_sec), default=""),
+                max(canaries) if canaries else "",
+                " ".join(congested),
+                counted,
+                len(probe),
+                percentile_ms(probe, 99) if probe else "",
+                max(probe) * 1000 if probe else "",
+                "" if node_sys is None else node_sys,
+            )
+        )
+    return rows
 
 
 def run_phase(label: str, probe: Probe, action: Any) -> dict[str, Any]:
@@ -118,23 +217,44 @@ def main() -> int:  # noqa: PLR0915 - one linear script of phases
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--containers", type=int, default=8147)
     parser.add_argument("--idle", type=float, default=10.0, help="seconds of each idle phase")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of every mode, interleaved")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {', '.join(MODES)}")
     parser.add_argument("--max-sys-percent", type=float, default=30.0)
-    parser.add_argument("--defaults-only", action="store_true",
-                        help="only idle and the sweep with defaults (no naive loop, no --pause 0)")
-    parser.add_argument("--extra-sweep", action="append", default=[], metavar="ARGS",
-                        help='another sweep phase with these options, e.g. "--batch 10 --pause 0.01"')
+    parser.add_argument("--naive", action="store_true", help="also the naive rmdir loop (once)")
+    parser.add_argument(
+        "--defaults-only",
+        action="store_true",
+        help="only idle and the fixed sweep with defaults (--modes fixed)",
+    )
+    parser.add_argument(
+        "--extra-sweep",
+        action="append",
+        default=[],
+        metavar="ARGS",
+        help='another sweep mode with these options, e.g. "--pacing fixed --batch 10"',
+    )
+    parser.add_argument(
+        "--per-second",
+        choices=["first", "all", "none"],
+        default="first",
+        help="per-second tables for the first round of each mode, every run, or none",
+    )
     args = parser.parse_args()
     ctl = os.path.join(os.path.dirname(sys.executable), "runc-guardctl")
     have_sweep = os.path.exists(ctl) and run_measured([ctl, "sweep", "--help"]).status == 0
+    modes = {
+        name: MODES[name] for name in (["fixed"] if args.defaults_only else args.modes.split(",")) if name
+    }
+    for extra in args.extra_sweep:
+        modes[extra] = (f"sweep {extra}", extra.split())
     mounts = cgroup_mounts()
     top = f"{PREFIX}-sweep-{uuid.uuid4().hex[:8]}"
-    pod = f"burstable/pod{uuid.uuid4()}"
     probe_mount = next((m for m in mounts if m.endswith("/memory")), mounts[0])
     probe_parent = os.path.join(probe_mount, f"{PREFIX}-probe-{uuid.uuid4().hex[:8]}")
     phases: list[dict[str, Any]] = []
     labels: list[str] = []
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix=f"{PREFIX}-") as workdir:
+    with tempfile.TemporaryDirectory(prefix=f"{PREFIX}-") as workdir, CpuSampler() as sampler:
         env = guard_env(workdir)
         empty = os.path.join(workdir, "empty")
         os.mkdir(empty)
@@ -146,121 +266,307 @@ def main() -> int:  # noqa: PLR0915 - one linear script of phases
                     time.sleep(args.idle)
                     return {"dirs": 0, "cpu": 0.0, "stime": 0.0}
 
-                def build() -> None:
+                def build() -> str:
+                    """A fresh tree under a new pod: every phase removes its own."""
                     probe.mark()
                     labels.append("(setup)")
                     t = time.monotonic()
+                    pod = f"burstable/pod{uuid.uuid4()}"
                     build_pod_tree(top, pod, args.containers, mounts)
-                    print(f"  tree of {args.containers} x {len(mounts)} built in "
-                          f"{time.monotonic() - t:.1f} s", file=sys.stderr)
+                    print(
+                        f"  tree of {args.containers} x {len(mounts)} built in {time.monotonic() - t:.1f} s",
+                        file=sys.stderr,
+                    )
                     time.sleep(1)  # let the kernel settle before the phase
+                    return pod
 
-                def naive() -> dict[str, Any]:
+                def naive(pod: str) -> dict[str, Any]:
                     pods = [os.path.join(m, top, pod) for m in mounts]
                     run = run_measured([sys.executable, "-c", NAIVE, *pods])
-                    return {"dirs": args.containers * len(mounts), "cpu": run.cpu, "stime": run.stime,
-                            "status": run.status}
+                    return {
+                        "dirs": args.containers * len(mounts),
+                        "cpu": run.cpu,
+                        "stime": run.stime,
+                        "status": run.status,
+                    }
 
-                def sweep(*extra: str) -> dict[str, Any]:
+                def sweep(extra: list[str]) -> dict[str, Any]:
                     report = os.path.join(workdir, "report.json")
                     t_start = time.monotonic()
-                    run = run_measured([ctl, "sweep", "--kubepods", top, "--min-age", "0",
-                                        "--runtime-root", empty, "--bundle-root", empty,
-                                        "--max-sys-percent", str(args.max_sys_percent),
-                                        "--format", "json", *extra], env, stdout_path=report)
+                    run = run_measured(
+                        [
+                            ctl,
+                            "sweep",
+                            "--kubepods",
+                            top,
+                            "--min-age",
+                            "0",
+                            "--runtime-root",
+                            empty,
+                            "--bundle-root",
+                            empty,
+                            "--max-sys-percent",
+                            str(args.max_sys_percent),
+                            "--format",
+                            "json",
+                            *extra,
+                        ],
+                        env,
+                        stdout_path=report,
+                    )
                     with open(report) as f:
                         doc = json.load(f) if run.status == 0 else {}
-                    batch_sys = [b["sys_percent"] for b in doc.get("batches", [])
-                                 if b.get("sys_percent") is not None]
-                    return {"dirs": doc.get("dirs_removed", 0), "cpu": run.cpu, "stime": run.stime,
-                            "status": run.status,
-                            "batches": len(doc.get("batches", [])), "slowed": doc.get("slowed", 0.0),
-                            "batch_sys_max": max(batch_sys, default=float("nan")),
-                            "timeline": (t_start, time.monotonic(), doc.get("duration", 0.0),
-                                         [(b["started"], b["finished"]) for b in doc.get("batches", [])])}
+                    docs = doc.get("batches", [])
+                    return {
+                        "dirs": doc.get("dirs_removed", 0),
+                        "cpu": run.cpu,
+                        "stime": run.stime,
+                        "status": run.status,
+                        "batches": len(docs),
+                        "slowed": doc.get("slowed", 0.0),
+                        "batch_docs": docs,
+                        "baseline": doc.get("baseline", {}),
+                        "timeline": (
+                            t_start,
+                            time.monotonic(),
+                            doc.get("duration", 0.0),
+                            [(b["started"], b["finished"]) for b in docs],
+                        ),
+                    }
 
-                def timed(label: str, action: Any) -> None:
+                def timed(label: str, action: Any, **extra: Any) -> None:
                     labels.append(label)
-                    phases.append(run_phase(label, probe, action))
+                    phases.append(dict(run_phase(label, probe, action), **extra))
                     print(f"  {label}: {phases[-1]['elapsed']:.1f} s", file=sys.stderr)
 
-                timed("idle", idle)
-                if not args.defaults_only:
-                    build()
-                    timed("naive rmdir loop", naive)
-                if have_sweep:
-                    if not args.defaults_only:
-                        timed("idle", idle)
-                    build()
-                    timed("sweep (defaults)", sweep)
-                if have_sweep and not args.defaults_only:
+                if args.naive:
                     timed("idle", idle)
-                    build()
-                    timed("sweep --pause 0", lambda: sweep("--pause", "0"))
-                    for extra in args.extra_sweep:
-                        timed("idle", idle)
-                        build()
-                        timed(f"sweep {extra}", lambda e=extra: sweep(*e.split()))
-                if not have_sweep:
-                    print("runc-guardctl sweep is not installed: only idle and the naive loop",
-                          file=sys.stderr)
+                    pod = build()
+                    timed("naive rmdir loop", lambda: naive(pod), mode="naive", round=0)
+                if have_sweep:
+                    names = list(modes)
+                    for rnd in range(args.rounds):
+                        order = names[rnd % len(names) :] + names[: rnd % len(names)]
+                        for name in order:
+                            label, extra = modes[name]
+                            timed("idle", idle)
+                            build()
+                            timed(label, lambda e=extra: sweep(e), mode=name, round=rnd)
+                else:
+                    print(
+                        "runc-guardctl sweep is not installed: only idle and the naive loop", file=sys.stderr
+                    )
                 timed("idle", idle)
                 timed_samples = probe.timed_phases()
-                samples = [[latency for _at, latency in phase] for phase in timed_samples]
         finally:
             remove_everywhere(top)
             remove_everywhere(os.path.relpath(probe_parent, os.path.dirname(probe_parent)))
+    report_tables(args, mounts, labels, phases, timed_samples, sampler)
+    print(
+        f"\ntarget: {args.containers} x {len(mounts)} dirs in <= 60 s with the probe's p99 <= 2x "
+        f"idle p99; whole run {time.monotonic() - started:.0f} s"
+    )
+    return 0
+
+
+def report_tables(
+    args: argparse.Namespace,
+    mounts: list[str],
+    labels: list[str],
+    phases: list[dict[str, Any]],
+    timed_samples: list[list[tuple[float, float]]],
+    sampler: CpuSampler,
+) -> None:
+    """Every table: per phase, medians per mode, per second, and where the samples fall."""
     # probe phase 0 is before the first mark; phase i+1 belongs to labels[i]. The idle
     # phases (one before each measured phase and one at the end) are pooled: the baseline
     # is the machine's own noise over the whole run (it is shared with other sessions).
-    by_label: dict[str, list[float]] = {}
+    timed_labels = [label for label in labels if label != "(setup)"]
+    phase_samples: list[list[tuple[float, float]]] = []
     for i, label in enumerate(labels):
-        if i + 1 < len(samples):
-            by_label.setdefault(label, []).extend(samples[i + 1])
+        if label != "(setup)":
+            phase_samples.append(timed_samples[i + 1] if i + 1 < len(timed_samples) else [])
+    assert len(timed_labels) == len(phases)
+    for phase, samples in zip(phases, phase_samples, strict=True):
+        phase["samples"] = samples
     idle_phases = [p for p in phases if p["label"] == "idle"]
-    measured = [p for p in phases if p["label"] != "idle"]
-    pooled_idle = {"label": "idle", "dirs": 0, "cpu": 0.0, "stime": 0.0,
-                   "elapsed": sum(p["elapsed"] for p in idle_phases),
-                   "sys": sum(p["sys"] for p in idle_phases) / max(1, len(idle_phases))}
-    idle_p99 = phase_stats(by_label.get("idle", []))[2]
+    pooled = [lat for p in idle_phases for _, lat in p["samples"]]
+    idle_p99 = phase_stats(pooled)[2]
     ncpu = os.cpu_count() or 1
-    rows = []
-    for phase in [pooled_idle, *measured]:
-        count, p50, p99, worst = phase_stats(by_label.get(phase["label"], []))
-        label = f"idle ({len(idle_phases)} phases pooled)" if phase is pooled_idle else phase["label"]
-        rows.append((label, phase["dirs"], phase["elapsed"], count, p50, p99, worst,
-                     p99 / idle_p99 if idle_p99 else float("nan"), phase["sys"],
-                     100 * phase["stime"] / (phase["elapsed"] * ncpu), phase["cpu"],
-                     phase.get("batches", ""), phase.get("slowed", "")))
+    rows: list[tuple[object, ...]] = [
+        (
+            f"idle ({len(idle_phases)} phases pooled)",
+            "",
+            0,
+            sum(p["elapsed"] for p in idle_phases),
+            *phase_stats(pooled),
+            1.0,
+            1.0,
+            statistics.mean(p["sys"] for p in idle_phases),
+            "",
+            0.0,
+            0.0,
+            "",
+            "",
+        )
+    ]
+    summary: dict[str, list[dict[str, float]]] = {}
+    for i, phase in enumerate(phases):
+        if phase["label"] == "idle":
+            continue
+        count, p50, p99, worst = phase_stats([lat for _, lat in phase["samples"]])
+        before = phase_stats([lat for _, lat in phases[i - 1]["samples"]])[2] if i else float("nan")
+        per_sec = (
+            [r[-1] for r in per_second(phase, phase["samples"], sampler) if isinstance(r[-1], float)]
+            if "timeline" in phase
+            else []
+        )
+        sys_median = statistics.median(per_sec) if per_sec else phase["sys"]
+        rows.append(
+            (
+                phase["label"],
+                phase.get("round", 0) + 1,
+                phase["dirs"],
+                phase["elapsed"],
+                count,
+                p50,
+                p99,
+                worst,
+                p99 / idle_p99,
+                p99 / before,
+                phase["sys"],
+                sys_median,
+                100 * phase["stime"] / (phase["elapsed"] * ncpu),
+                phase["cpu"],
+                phase.get("batches", ""),
+                phase.get("slowed", ""),
+            )
+        )
+        summary.setdefault(phase["label"], []).append(
+            {
+                "elapsed": phase["elapsed"],
+                "p50": p50,
+                "p99": p99,
+                "ratio": p99 / idle_p99,
+                "ratio_before": p99 / before,
+                "sys": sys_median,
+                "dirs": phase["dirs"],
+            }
+        )
     print_table(
         f"Sweep gentleness: {args.containers} leaked containers x {len(mounts)} hierarchies; "
-        "probe = mkdir+rmdir of one cgroup every 5 ms",
-        ["phase", "dirs removed", "total s", "probe samples", "probe p50 ms", "probe p99 ms",
-         "probe max ms", "p99 / idle p99", "node sys %", "remover's own sys %", "remover CPU s", "batches",
-         "slowed s"],
+        "probe = mkdir+rmdir of one cgroup every 5 ms; every run",
+        [
+            "phase",
+            "round",
+            "dirs removed",
+            "total s",
+            "probe samples",
+            "probe p50 ms",
+            "probe p99 ms",
+            "probe max ms",
+            "p99 / pooled idle p99",
+            "p99 / idle p99 before",
+            "node sys % (phase)",
+            "node sys % (median of seconds)",
+            "remover's own sys %",
+            "remover CPU s",
+            "batches",
+            "slowed s",
+        ],
         rows,
     )
-    segment_rows = []
-    for i, label in enumerate(labels):
-        with_timeline = [p for p in measured if p["label"] == label and "timeline" in p]
-        if not with_timeline or i + 1 >= len(timed_samples):
+    med = statistics.median
+    print_table(
+        f"Medians over rounds (pooled idle: p50 {phase_stats(pooled)[1]:.2f} ms, p99 {idle_p99:.2f} ms)",
+        [
+            "phase",
+            "runs",
+            "dirs removed",
+            "duration s",
+            "probe p50 ms",
+            "probe p99 ms",
+            "p99 / pooled idle",
+            "p99 / idle before",
+            "node sys % median",
+        ],
+        [
+            (
+                label,
+                len(runs),
+                med([r["dirs"] for r in runs]),
+                med([r["elapsed"] for r in runs]),
+                med([r["p50"] for r in runs]),
+                med([r["p99"] for r in runs]),
+                med([r["ratio"] for r in runs]),
+                med([r["ratio_before"] for r in runs]),
+                med([r["sys"] for r in runs]),
+            )
+            for label, runs in summary.items()
+        ],
+    )
+    shown: set[str] = set()
+    for phase in phases:
+        if "timeline" not in phase or args.per_second == "none":
             continue
-        phase = with_timeline[0]
-        for segment, seconds, seg_samples in split_sweep(phase["timeline"], timed_samples[i + 1]):
+        if args.per_second == "first" and phase["label"] in shown:
+            continue
+        shown.add(phase["label"])
+        print_table(
+            f"{phase['label']}, round {phase.get('round', 0) + 1}, per second "
+            f"(pace baseline: {phase.get('baseline') or 'none'})",
+            [
+                "t s",
+                "batches",
+                "batch target (dirs)",
+                "dirs removed",
+                "pause s",
+                "canary ms (worst)",
+                "over limit",
+                "decisions",
+                "probe samples",
+                "probe p99 ms",
+                "probe max ms",
+                "node sys %",
+            ],
+            per_second(phase, phase["samples"], sampler),
+        )
+    segment_rows = []
+    for phase in phases:
+        if "timeline" not in phase:
+            continue
+        for segment, seconds, seg_samples in split_sweep(phase["timeline"], phase["samples"]):
             count, p50, p99, worst = phase_stats(seg_samples)
             over = sum(x * 1000 > 2 * idle_p99 for x in seg_samples)
-            segment_rows.append((label, segment, seconds, count, p50, p99, worst,
-                                 f"{100 * over / max(1, count):.1f} %"))
+            segment_rows.append(
+                (
+                    phase["label"],
+                    phase.get("round", 0) + 1,
+                    segment,
+                    seconds,
+                    count,
+                    p50,
+                    p99,
+                    worst,
+                    f"{100 * over / max(1, count):.1f} %",
+                )
+            )
     if segment_rows:
         print_table(
             "Where the sweep's probe samples fall (from the sweep's JSON report: batch start/end)",
-            ["phase", "segment", "seconds", "probe samples", "p50 ms", "p99 ms", "max ms",
-             "samples over 2x idle p99"],
+            [
+                "phase",
+                "round",
+                "segment",
+                "seconds",
+                "probe samples",
+                "p50 ms",
+                "p99 ms",
+                "max ms",
+                "samples over 2x idle p99",
+            ],
             segment_rows,
         )
-    print(f"\ntargets: sweep (defaults) probe p99 <= 2x idle p99, "
-          f"sys% < {args.max_sys_percent:g}; whole run {time.monotonic() - started:.0f} s")
-    return 0
 
 
 if __name__ == "__main__":

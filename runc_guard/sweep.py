@@ -11,6 +11,8 @@ kernel's css teardown after it runs in workqueues that take it too; deleting
 8147 x 12 directories in one go is what stalled the incident's node. So
 removals go in batches with a pause in between, and while the node's system
 CPU time (``/proc/stat``, via psutil) stays above a limit the pause grows.
+With ``pacing="adaptive"`` the batch and pause follow what the node feels
+instead (runc_guard/pacing.py: canary mkdir+rmdir, rmdir latency, PSI, sys%).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import fcntl
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from runc_guard.cgroupfs import CgroupFsOps
@@ -28,6 +30,7 @@ from runc_guard.cleanup import CleanupReport, attempt_removal, subtree_leaf_firs
 from runc_guard.discovery import ContainerUnit, Discovery
 from runc_guard.errors import CgroupRemovalFailed, SweepLocked
 from runc_guard.orphans import ORPHAN, Orphans, StateFacts, judge
+from runc_guard.pacing import NodeSignals, Pacer, PacingSettings, RmdirTimer, percentile, real_signals
 from runc_guard.pending import remove_record
 from runc_guard.systemd_scope import release_failed_scopes
 
@@ -212,6 +215,10 @@ class SweepOptions:
     max_sys_percent: float = DEFAULT_MAX_SYS_PERCENT
     max_slowdown: float = DEFAULT_MAX_SLOWDOWN
     dry_run: bool = False
+    #: "fixed": ``batch`` dirs then ``pause`` s (slowed while sys% is high);
+    #: "adaptive": runc_guard.pacing decides both from what the node feels.
+    pacing: str = "fixed"
+    pacing_settings: PacingSettings = field(default_factory=PacingSettings)
 
 
 @dataclass
@@ -227,6 +234,18 @@ class BatchReport:
     #: Node sys% over the batch and its pause; None after the last batch.
     sys_percent: float | None = None
     slowed: float = 0.0
+    #: Directories this batch aimed at (the pace's decision, or --batch).
+    target: int = 0
+    #: The batch's own rmdir latencies.
+    rmdir_p50_ms: float | None = None
+    rmdir_p99_ms: float | None = None
+    #: Adaptive only: worst canary mkdir+rmdir around the pause, PSI "some" shares
+    #: over batch + pause, and the signals that were over their limit.
+    canary_ms: float | None = None
+    pressure: dict[str, float] = field(default_factory=dict)
+    congested: list[str] = field(default_factory=list)
+    #: Adaptive only: what the pace did after this batch (grow, hold, shrink, back_off).
+    decision: str = ""
 
 
 @dataclass
@@ -246,6 +265,9 @@ class SweepReport:
     duration: float = 0.0
     slowed: float = 0.0
     batches: list[BatchReport] = field(default_factory=list)
+    pacing: str = "fixed"
+    #: Adaptive only: the idle references (canary p50/p90 ms, first batch's rmdir ms, PSI shares).
+    baseline: dict[str, Any] = field(default_factory=dict)
     #: id, pod, dirs and what happened, for every unit (dry run: what would happen).
     containers: list[dict[str, Any]] = field(default_factory=list)
     #: Each re-run of a runtime's ``delete --force`` for orphaned state, with its output.
@@ -275,6 +297,7 @@ class Sweeper:
         sleep: Callable[[float], None] = time.sleep,
         cpu: Callable[[], tuple[float, float]] = cpu_sample,
         progress: Progress | None = None,
+        signals: NodeSignals | None = None,
     ) -> None:
         self.fs = fs
         self.runtime = runtime
@@ -284,6 +307,8 @@ class Sweeper:
         self.sleep = sleep
         self.cpu = cpu
         self.progress = progress
+        #: Adaptive pacing's measurements; None: the real canary and PSI.
+        self.signals = signals
 
     def run(self, discovery: Discovery) -> SweepReport:
         started = self.clock()
@@ -393,21 +418,76 @@ class Sweeper:
     def _remove_in_batches(
         self, candidates: Sequence[ContainerUnit], report: SweepReport, started: float
     ) -> None:
-        batch = BatchReport(0, round(self.clock() - started, 3))
-        cpu_before = self.cpu()
-        for done, unit in enumerate(candidates, 1):
-            self._remove_one(unit, report, batch)
-            if self.progress is not None:
-                self.progress(done, len(candidates))
-            if batch.dirs_removed >= self.options.batch and done < len(candidates):
-                batch.finished = round(self.clock() - started, 3)
-                report.batches.append(batch)
-                self._pause(batch, cpu_before)
-                report.slowed = round(report.slowed + batch.slowed, 3)
-                batch = BatchReport(batch.index + 1, round(self.clock() - started, 3))
-                cpu_before = self.cpu()
-        batch.finished = round(self.clock() - started, 3)
-        report.batches.append(batch)
+        """Remove whole units until the batch holds its target dirs, then pause (fixed or paced)."""
+        report.pacing = self.options.pacing
+        pacer = self._pacer(report) if self.options.pacing == "adaptive" else None
+        # _remove_one goes through self.fs: time its rmdirs for the report and the pace.
+        fs = self.fs
+        timer = RmdirTimer(fs)
+        self.fs = timer
+        try:
+            target = pacer.pace.batch if pacer is not None else self.options.batch
+            batch = BatchReport(0, round(self.clock() - started, 3), target=target)
+            cpu_before = self.cpu()
+            if pacer is not None:
+                pacer.batch_started()
+            for done, unit in enumerate(candidates, 1):
+                self._remove_one(unit, report, batch)
+                if self.progress is not None:
+                    self.progress(done, len(candidates))
+                if batch.dirs_removed >= batch.target and done < len(candidates):
+                    batch.finished = round(self.clock() - started, 3)
+                    rmdirs = timer.take()
+                    _note_rmdirs(batch, rmdirs)
+                    report.batches.append(batch)
+                    if pacer is None:
+                        self._pause(batch, cpu_before)
+                        target = self.options.batch
+                    else:
+                        target = self._pace(pacer, batch, rmdirs, cpu_before)
+                    report.slowed = round(report.slowed + batch.slowed, 3)
+                    batch = BatchReport(batch.index + 1, round(self.clock() - started, 3), target=target)
+                    cpu_before = self.cpu()
+                    if pacer is not None:
+                        pacer.batch_started()
+            batch.finished = round(self.clock() - started, 3)
+            _note_rmdirs(batch, timer.take())
+            report.batches.append(batch)
+        finally:
+            self.fs = fs
+            if pacer is not None:
+                pacer.signals.close()
+                report.baseline["rmdir_ms"] = _ms(pacer.baseline.rmdir)
+
+    def _pacer(self, report: SweepReport) -> Pacer:
+        """The adaptive pace, calibrated on the idle node before the first batch."""
+        settings = self.options.pacing_settings
+        if settings.max_sys_percent != self.options.max_sys_percent:
+            settings = replace(settings, max_sys_percent=self.options.max_sys_percent)
+        signals = self.signals if self.signals is not None else real_signals(report.hierarchies)
+        pacer = Pacer(settings, signals, sleep=self.sleep, clock=self.clock)
+        baseline = pacer.calibrate()
+        report.baseline = {
+            "canary_p50_ms": _ms(baseline.canary_p50),
+            "canary_p90_ms": _ms(baseline.canary_p90),
+            "pressure": {k: round(v, 3) for k, v in baseline.pressure.items()},
+        }
+        return pacer
+
+    def _pace(
+        self, pacer: Pacer, batch: BatchReport, rmdirs: list[float], cpu_before: tuple[float, float]
+    ) -> int:
+        """Measure the node around the pause, let the pace decide; returns the next batch's target."""
+        step = pacer.between_batches(rmdirs, lambda: sys_percent(cpu_before, self.cpu()))
+        batch.pause = step.pause
+        batch.sys_percent = None if step.sys_percent is None else round(step.sys_percent, 1)
+        batch.canary_ms = step.canary_ms
+        batch.pressure = step.pressure
+        batch.congested = list(step.congested)
+        batch.decision = step.action
+        # Time held back by the feedback: the pause beyond its floor.
+        batch.slowed = round(max(0.0, step.pause - pacer.settings.min_pause), 3)
+        return step.next_batch
 
     def _pause(self, batch: BatchReport, cpu_before: tuple[float, float]) -> None:
         """Sleep the pause, then keep waiting while the node's sys% is above the limit."""
@@ -429,6 +509,16 @@ class Sweeper:
             slowed += step
             percent = sys_percent(before, self.cpu())
         batch.slowed = round(slowed, 3)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
+def _note_rmdirs(batch: BatchReport, rmdirs: Sequence[float]) -> None:
+    """The batch's own rmdir latencies, in the report."""
+    batch.rmdir_p50_ms = _ms(percentile(rmdirs, 50))
+    batch.rmdir_p99_ms = _ms(percentile(rmdirs, 99))
 
 
 @contextlib.contextmanager

@@ -1,0 +1,77 @@
+"""The adaptive sweep on the real kernel: real leaked cgroups, the real canary and PSI.
+
+The tree sits below a unique ``rgpace-<uuid>`` parent in every hierarchy and
+``--kubepods`` points at it, so nothing but what the test made can be touched;
+it is removed in a ``finally`` whatever happened. No timing is asserted: the
+pace's figures are the benchmark's job (bench/sweep_gentleness.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from integration.lab import cgroup_mount_points, remove_tree
+
+pytestmark = pytest.mark.kernel
+
+CTL = os.path.join(os.path.dirname(sys.executable), "runc-guardctl")
+CONTAINERS = 40
+
+
+@pytest.fixture
+def parent() -> Iterator[str]:
+    """A unique top-level name, removed from every hierarchy afterwards."""
+    name = f"rgpace-{uuid.uuid4().hex[:12]}"
+    try:
+        yield name
+    finally:
+        for mount in cgroup_mount_points():
+            remove_tree(os.path.join(mount, name))
+
+
+def test_adaptive_sweep_removes_every_leaked_dir(parent: str, tmp_path: Path) -> None:
+    """40 leaked containers x every hierarchy: all gone in several paced batches; pods stay; no canary."""
+    mounts = cgroup_mount_points()
+    pod = "kubepods/burstable/pod3d0f1c2b-aaaa-4bbb-8ccc-0123456789ab"
+    ids = [uuid.uuid4().hex + uuid.uuid4().hex for _ in range(CONTAINERS)]
+    for mount in mounts:
+        for cid in ids:
+            os.makedirs(os.path.join(mount, parent, pod, cid))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = dict(
+        os.environ,
+        RUNC_GUARD_CONFIG=str(tmp_path / "absent.toml"),
+        RUNC_GUARD_PENDING_DIR=str(tmp_path / "run" / "pending"),
+        RUNC_GUARD_STATS_FILE=str(tmp_path / "run" / "deletes.jsonl"),
+    )
+    done = subprocess.run(
+        [CTL, "sweep", "--kubepods", f"{parent}/kubepods", "--min-age", "0",
+         "--runtime-root", str(empty), "--bundle-root", str(empty),
+         "--pacing", "adaptive", "--max-batch", "60", "--format", "json"],
+        capture_output=True, text=True, env=env, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    dirs = CONTAINERS * len(mounts)
+    assert (report["removed"], report["dirs_removed"], report["errors"]) == (CONTAINERS, dirs, [])
+    for mount in mounts:
+        assert not [cid for cid in ids if os.path.isdir(os.path.join(mount, parent, pod, cid))]
+        assert os.path.isdir(os.path.join(mount, parent, pod))  # the pod level is never touched
+        assert not [n for n in os.listdir(mount) if n.startswith("runc-guard-canary-")]
+    assert report["pacing"] == "adaptive"
+    assert report["baseline"]["canary_p90_ms"] is not None  # root can make the canary here
+    batches = report["batches"]
+    assert len(batches) >= 2
+    assert sum(b["dirs_removed"] for b in batches) == dirs
+    assert all(b["target"] <= 60 for b in batches)
+    assert all(b["decision"] in ("grow", "hold", "shrink", "back_off") for b in batches[:-1])
+    assert all(b["canary_ms"] is not None for b in batches[:-1])
