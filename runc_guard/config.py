@@ -16,16 +16,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from runc_guard.errors import ConfigError
-from runc_guard.settings_file import cache_dir, config_path, read_settings_file
+from runc_guard.settings_file import DEFAULT_DELETE_TIMEOUT, cache_dir, config_path, read_settings_file
 
-#: containerd gives the dead-shim cleanup (the shim's whole ``delete``, runc
-#: included) 5 s by default (io.containerd.timeout.shim.cleanup), counted from
-#: the shim's start; runc-guard counts from its own process start. 4 s leaves the
-#: shim ~1 s to unmount the rootfs after we return, and is what a 3-4 s teardown
-#: needs: under the systemd driver stock runc waits on systemd's stop job and
-#: finishes such teardowns inside containerd's 5 s, so a shorter deadline would
-#: leave more behind than the runtime alone (measured in the systemd lab).
-DEFAULT_DELETE_TIMEOUT = 4.0
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 

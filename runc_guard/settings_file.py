@@ -19,6 +19,14 @@ if TYPE_CHECKING:  # typing and collections.abc cost imports the hot path does n
     from collections.abc import Mapping
 
 DEFAULT_CONFIG = "/etc/runc-guard/config.toml"
+#: containerd gives the dead-shim cleanup (the shim's whole ``delete``, runc
+#: included) 5 s by default (io.containerd.timeout.shim.cleanup), counted from
+#: the shim's start; runc-guard counts from its own process start. 4 s leaves the
+#: shim ~1 s to unmount the rootfs after we return, and is what a 3-4 s teardown
+#: needs: under the systemd driver stock runc waits on systemd's stop job and
+#: finishes such teardowns inside containerd's 5 s, so a shorter deadline would
+#: leave more behind than the runtime alone (measured in the systemd lab).
+DEFAULT_DELETE_TIMEOUT = 4.0
 DEFAULT_CACHE_DIR = "/run/runc-guard"
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -189,3 +197,18 @@ def read_settings_file(path: str, cache_directory: str | None) -> dict[str, obje
         _write_cache(cache, path, key, data)
         _keep_last_good(cache_directory, path, data)
     return data
+
+
+def delete_timeout_of(raw: Mapping[str, object], environ: Mapping[str, str]) -> float:
+    """``delete_timeout`` as the delete path will use it, read cheaply for the shim.
+
+    A bad value keeps the default here too (config.lenient_settings reports it).
+    """
+    value = environ.get("RUNC_GUARD_DELETE_TIMEOUT") or raw.get("delete_timeout", DEFAULT_DELETE_TIMEOUT)
+    if isinstance(value, bool):
+        return DEFAULT_DELETE_TIMEOUT
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return DEFAULT_DELETE_TIMEOUT
+    return seconds if 0.0 <= seconds <= 600.0 else DEFAULT_DELETE_TIMEOUT

@@ -20,11 +20,12 @@ import os
 import sys
 
 from runc_guard import argv as argv_mod
-from runc_guard.errors import EXIT_CONFIG, EXIT_RUNTIME_UNAVAILABLE, RuncGuardError
+from runc_guard.errors import EXIT_CGROUP_BUSY, EXIT_CONFIG, EXIT_RUNTIME_UNAVAILABLE, RuncGuardError
 from runc_guard.runtime import DEFAULT_RUNTIME, exec_runtime, resolve_runtime, runtime_name_for
 from runc_guard.settings_file import (
     cache_dir,
     config_path,
+    delete_timeout_of,
     first_report,
     last_good_routing,
     read_settings_file,
@@ -104,6 +105,38 @@ def _known_to_anyone(
     return os.path.exists(record)
 
 
+def _startup_slot(
+    invocation: argv_mod.Invocation, raw: dict[str, object], environ: os._Environ[str]
+) -> int | None:
+    """Wait for a start-up slot (see runc_guard.startup), until this delete's deadline.
+
+    None: the deadline passed first, reported here; the runtime was not run, so its
+    state stays for containerd's retry or the sweep.
+    """
+    import time
+
+    from runc_guard.procinfo import started_monotonic
+    from runc_guard.startup import acquire, slots
+
+    started = started_monotonic() or time.monotonic()
+    deadline = started + delete_timeout_of(raw, environ)
+    slot = acquire(os.path.join(cache_dir(environ), "startup"), deadline)
+    if slot is not None:
+        return slot
+    from runc_guard import runclog
+
+    waited = int((time.monotonic() - started) * 1000)
+    message = (
+        f"{slots()} deletes were already loading at once; gave up after {waited} ms without running"
+        f" the runtime; the container's state stays for a retry or runc-guardctl sweep"
+    )
+    sys.stderr.write(f"{PROG}: {message}\n")
+    sys.stderr.flush()
+    runclog.append(invocation.log_path, "error", f"{PROG}: {message}", invocation.log_format)
+    _journal(environ, "startup_busy", message, 3)
+    return None
+
+
 def _reraise(noted: list[int]) -> None:
     """A signal that came while we started: die of it as the runtime would have, before exec."""
     if noted:
@@ -138,9 +171,15 @@ def main(noted: list[int] | None = None) -> int:
     except RuncGuardError as exc:
         return _fail(str(exc), exc.exit_code, environ)
     if invocation.is_delete and _known_to_anyone(invocation, routing.raw, environ):
+        slot = _startup_slot(invocation, routing.raw, environ)
+        if slot is None:
+            return EXIT_CGROUP_BUSY
         # Until the delete path has its own handlers, a signal is only noted (the
         # launcher set that up): the delete starts by honouring it.
         from runc_guard.delete import run_delete
+
+        if slot >= 0:
+            os.close(slot)  # loaded: the CPU-heavy part is over, let the next delete load
 
         status = run_delete(invocation, args, runtime, routing.raw, routing.problem, environ, noted)
         # Everything is written and closed by now; tearing down the ~300 modules the

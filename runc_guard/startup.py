@@ -1,0 +1,62 @@
+"""Start-up slots: a crash storm's deletes load the delete path a few at a time (stdlib only).
+
+Loading the delete path costs ~100-150 ms of CPU per delete. When a node's
+pods die together (dozens of dead-shim cleanups at once, each under containerd's
+5 s budget), all of them loading at once on a small node share the CPU so
+evenly that none finishes in time: measured on 2 cores, 49 of 50 simultaneous
+deletes ran out of their deadline (docs/storm.md). So only ``2 x CPUs`` deletes
+load at once: each holds an flock on one slot file while it imports, and lets
+go once loaded (the waiting for cgroups that follows costs no CPU). The others
+sleep until a slot frees up, or until the deadline, when they give up cheaply
+(the runtime's state stays for a retry or the sweep). One delete at a time, the
+common case, takes its slot with one open and one flock.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+#: How often a delete waiting for a slot looks again.
+POLL = 0.01
+
+
+def slots() -> int:
+    """Deletes allowed to load at once: two per CPU this process may run on."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except OSError:
+        cpus = os.cpu_count() or 1
+    return max(2, 2 * cpus)
+
+
+def acquire(directory: str, deadline: float, count: int | None = None) -> int | None:
+    """An fd holding one slot's flock (close it to let go); -1 when slots cannot be used
+    here (no writable directory: go on without); None when ``deadline`` (time.monotonic)
+    passed first."""
+    import fcntl
+
+    count = slots() if count is None else count
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        fds = [
+            os.open(os.path.join(directory, f"slot-{i}"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            for i in range(count)
+        ]
+    except OSError:
+        return -1
+    try:
+        while True:
+            for fd in fds:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                fds.remove(fd)
+                return fd
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(POLL)
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -1,0 +1,99 @@
+"""Start-up slots: at most N deletes load the delete path at once; the rest wait or give up in time."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from runc_guard.settings_file import DEFAULT_DELETE_TIMEOUT, delete_timeout_of
+from runc_guard.startup import acquire, slots
+
+
+def test_slots_are_taken_and_given_back(tmp_path: object) -> None:
+    """Two slots: two holders get one each, a third times out, a freed slot is taken again."""
+    directory = os.path.join(str(tmp_path), "startup")
+    first = acquire(directory, time.monotonic() + 1, count=2)
+    second = acquire(directory, time.monotonic() + 1, count=2)
+    assert first is not None and second is not None and first >= 0 and second >= 0
+    started = time.monotonic()
+    assert acquire(directory, time.monotonic() + 0.1, count=2) is None
+    assert 0.1 <= time.monotonic() - started < 1.0
+    os.close(first)
+    third = acquire(directory, time.monotonic() + 1, count=2)
+    assert third is not None and third >= 0
+    os.close(second)
+    os.close(third)
+
+
+def test_unusable_directory_never_blocks_a_delete(tmp_path: object) -> None:
+    """No writable place for the slot files: the delete goes on without a slot (-1)."""
+    blocker = os.path.join(str(tmp_path), "file")
+    open(blocker, "w").close()
+    assert acquire(os.path.join(blocker, "startup"), time.monotonic() + 1) == -1
+
+
+def test_at_least_two_slots() -> None:
+    """Two per CPU this process may run on, never fewer than two."""
+    assert slots() >= 2
+
+
+def test_delete_timeout_is_read_like_the_delete_path() -> None:
+    """Environment over file; a bad value keeps the default (the delete path reports it)."""
+    assert delete_timeout_of({}, {}) == DEFAULT_DELETE_TIMEOUT
+    assert delete_timeout_of({"delete_timeout": 2}, {}) == 2.0
+    assert delete_timeout_of({"delete_timeout": 2}, {"RUNC_GUARD_DELETE_TIMEOUT": "3.5"}) == 3.5
+    for bad in ("soon", True, -1, 10_000):
+        assert delete_timeout_of({"delete_timeout": bad}, {}) == DEFAULT_DELETE_TIMEOUT
+
+
+def test_delete_gives_up_in_time_when_every_slot_is_held(shim_binary: str, tmp_path: object) -> None:
+    """Every slot held (a storm): the delete waits until its deadline, then exits 75 with a clear
+    reason on stderr and in --log, without running the runtime (its state stays for a retry)."""
+    import fcntl
+    import json
+    import subprocess
+
+    tmp = str(tmp_path)
+    cache = os.path.join(tmp, "cache")
+    held = []
+    for i in range(slots()):
+        os.makedirs(os.path.join(cache, "startup"), exist_ok=True)
+        fd = os.open(os.path.join(cache, "startup", f"slot-{i}"), os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        held.append(fd)
+    root = os.path.join(tmp, "root")
+    os.makedirs(os.path.join(root, "c1"))
+    with open(os.path.join(root, "c1", "state.json"), "w") as f:
+        json.dump({"id": "c1", "init_process_pid": 1, "cgroup_paths": {}}, f)
+    marker = os.path.join(tmp, "runtime-ran")
+    runtime = os.path.join(tmp, "rt")
+    with open(runtime, "w") as f:
+        f.write(f"#!/bin/sh\ntouch {marker}\n")
+    os.chmod(runtime, 0o755)
+    log = os.path.join(tmp, "log.json")
+    env = {
+        "PATH": os.environ["PATH"],
+        "RUNC_GUARD_RUNTIME": runtime,
+        "RUNC_GUARD_CONFIG": os.path.join(tmp, "none.toml"),
+        "RUNC_GUARD_CACHE_DIR": cache,
+        "RUNC_GUARD_PENDING_DIR": os.path.join(tmp, "pending"),
+        "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp, "no-journald"),
+        "RUNC_GUARD_DELETE_TIMEOUT": "0.5",
+    }
+    try:
+        started = time.monotonic()
+        proc = subprocess.run(
+            [shim_binary, "--root", root, "--log", log, "--log-format", "json", "delete", "--force", "c1"],
+            capture_output=True, text=True, env=env, check=False, timeout=30,
+        )
+        elapsed = time.monotonic() - started
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert proc.returncode == 75, proc.stderr
+    assert elapsed < 3.0
+    assert "deletes were already loading at once" in proc.stderr and "does not exist" not in proc.stderr
+    with open(log) as f:
+        assert json.loads(f.read().splitlines()[-1])["level"] == "error"
+    assert not os.path.exists(marker), "the runtime must not run after giving up"
+    assert os.path.exists(os.path.join(root, "c1", "state.json"))
