@@ -20,7 +20,7 @@ import os
 import sys
 
 from runc_guard import argv as argv_mod
-from runc_guard.errors import EXIT_CGROUP_BUSY, EXIT_CONFIG, EXIT_RUNTIME_UNAVAILABLE, RuncGuardError
+from runc_guard.errors import EXIT_CONFIG, EXIT_RUNTIME_UNAVAILABLE, RuncGuardError
 from runc_guard.runtime import DEFAULT_RUNTIME, exec_runtime, resolve_runtime, runtime_name_for
 from runc_guard.settings_file import (
     cache_dir,
@@ -105,36 +105,30 @@ def _known_to_anyone(
     return os.path.exists(record)
 
 
-def _startup_slot(
-    invocation: argv_mod.Invocation, raw: dict[str, object], environ: os._Environ[str]
-) -> int | None:
-    """Wait for a start-up slot (see runc_guard.startup), until this delete's deadline.
+def _startup_slot(raw: dict[str, object], environ: os._Environ[str]) -> int | None:
+    """Wait briefly for a start-up slot (see runc_guard.startup).
 
-    None: the deadline passed first, reported here; the runtime was not run, so its
-    state stays for containerd's retry or the sweep.
+    None: the node is overloaded with deletes loading at once; the caller steps
+    aside and execs the runtime, exactly as it would have run without runc-guard.
     """
     import time
 
     from runc_guard.procinfo import started_monotonic
-    from runc_guard.startup import acquire, slots
+    from runc_guard.startup import MAX_WAIT, acquire, slots
 
     started = started_monotonic() or time.monotonic()
-    deadline = started + delete_timeout_of(raw, environ)
+    deadline = min(started + delete_timeout_of(raw, environ), time.monotonic() + MAX_WAIT)
     slot = acquire(os.path.join(cache_dir(environ), "startup"), deadline)
-    if slot is not None:
-        return slot
-    from runc_guard import runclog
-
-    waited = int((time.monotonic() - started) * 1000)
-    message = (
-        f"{slots()} deletes were already loading at once; gave up after {waited} ms without running"
-        f" the runtime; the container's state stays for a retry or runc-guardctl sweep"
-    )
-    sys.stderr.write(f"{PROG}: {message}\n")
-    sys.stderr.flush()
-    runclog.append(invocation.log_path, "error", f"{PROG}: {message}", invocation.log_format)
-    _journal(environ, "startup_busy", message, 3)
-    return None
+    if slot is None:
+        waited = int((time.monotonic() - started) * 1000)
+        _journal(
+            environ,
+            "startup_overloaded",
+            f"{slots()} deletes were already loading at once; after {waited} ms runc-guard"
+            " stepped aside and ran the runtime alone (the sweep finishes what it leaves)",
+            4,
+        )
+    return slot
 
 
 def _reraise(noted: list[int]) -> None:
@@ -170,10 +164,10 @@ def main(noted: list[int] | None = None) -> int:
         return _fail(f"invalid settings: {exc}", EXIT_CONFIG, environ)
     except RuncGuardError as exc:
         return _fail(str(exc), exc.exit_code, environ)
+    slot = None
     if invocation.is_delete and _known_to_anyone(invocation, routing.raw, environ):
-        slot = _startup_slot(invocation, routing.raw, environ)
-        if slot is None:
-            return EXIT_CGROUP_BUSY
+        slot = _startup_slot(routing.raw, environ)
+    if slot is not None:
         # Until the delete path has its own handlers, a signal is only noted (the
         # launcher set that up): the delete starts by honouring it.
         from runc_guard.delete import run_delete

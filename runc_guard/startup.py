@@ -1,15 +1,19 @@
 """Start-up slots: a crash storm's deletes load the delete path a few at a time (stdlib only).
 
-Loading the delete path costs ~100-150 ms of CPU per delete. When a node's
-pods die together (dozens of dead-shim cleanups at once, each under containerd's
-5 s budget), all of them loading at once on a small node share the CPU so
-evenly that none finishes in time: measured on 2 cores, 49 of 50 simultaneous
-deletes ran out of their deadline (docs/storm.md). So only ``2 x CPUs`` deletes
-load at once: each holds an flock on one slot file while it imports, and lets
-go once loaded (the waiting for cgroups that follows costs no CPU). The others
-sleep until a slot frees up, or until the deadline, when they give up cheaply
-(the runtime's state stays for a retry or the sweep). One delete at a time, the
-common case, takes its slot with one open and one flock.
+Loading the delete path costs ~100-150 ms of CPU per delete. When a node's pods
+die together (dozens of dead-shim cleanups at once, each under containerd's 5 s
+budget), all of them loading at once on a small node share the CPU so evenly
+that none finishes in time: on 2 cores, 49 of 50 simultaneous deletes ran out of
+their deadline (docs/storm.md); with these slots, 1 leaked (stock runc: 24).
+
+So only ``2 x CPUs`` deletes load at once: each holds an flock on one slot file
+while it imports and lets go once loaded (the waiting for cgroups that follows
+costs no CPU). The others sleep until a slot frees up, for at most MAX_WAIT:
+past that the node is overloaded and runc-guard steps aside, exec'ing the
+runtime exactly as it would have run alone (never more harm than the runtime;
+the sweep finishes what it leaks). Waiting until the deadline instead made
+every dead-shim cleanup of a storm take ~4 s. One delete at a time, the common
+case, takes its slot with one open and one flock.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ import time
 
 #: How often a delete waiting for a slot looks again.
 POLL = 0.01
+#: Longest wait for a slot before stepping aside (seconds): a quarter of the
+#: default deadline, so a delete that got a slot late still has time to finish.
+MAX_WAIT = 1.0
 
 
 def slots() -> int:
