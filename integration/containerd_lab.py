@@ -69,6 +69,7 @@ from integration.lab import (
     dirs_named,
     procs,
     remove_tree,
+    shim_of,
     unique,
     wait_for,
 )
@@ -471,14 +472,7 @@ class Task:
 
     def shim_pid(self, init: int | None = None) -> int:
         """The task's shim: init's parent (the shim is its subreaper), checked by cmdline."""
-        init = init if init is not None else self.init_pid()
-        with open(f"/proc/{init}/stat") as f:
-            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        with open(f"/proc/{ppid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-        if b"-id" not in argv or argv[argv.index(b"-id") + 1].decode() != self.id:
-            raise LookupError(f"parent {ppid} of init {init} is not the shim of {self.id}")
-        return ppid
+        return shim_of(init if init is not None else self.init_pid(), self.id)
 
     def children(self) -> list[int]:
         init = self.init_pid()

@@ -71,6 +71,17 @@ def procs(path: str) -> list[int]:
         return []
 
 
+def shim_of(init: int, task_id: str) -> int:
+    """A task's shim: its init's parent (the shim is the subreaper), proven by its ``-id``."""
+    with open(f"/proc/{init}/stat") as f:
+        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+    with open(f"/proc/{ppid}/cmdline", "rb") as f:
+        argv = f.read().split(b"\0")
+    if b"-id" not in argv or argv[argv.index(b"-id") + 1].decode() != task_id:
+        raise LookupError(f"parent {ppid} of init {init} is not the shim of {task_id}")
+    return ppid
+
+
 def read_lines(path: str) -> list[str]:
     """Lines of a text file; [] when it does not exist."""
     try:

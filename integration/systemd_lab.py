@@ -48,7 +48,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from integration import runtimes
-from integration.lab import BUSYBOX, CGROUP_ROOT, FreezerHold, procs, unique, wait_for
+from integration.lab import BUSYBOX, CGROUP_ROOT, FreezerHold, procs, shim_of, unique, wait_for
 
 NSPAWN = shutil.which("systemd-nspawn") or "/usr/bin/systemd-nspawn"
 DEBOOTSTRAP = shutil.which("debootstrap") or "/usr/sbin/debootstrap"
@@ -637,13 +637,7 @@ class SdTask:
         raise LookupError(f"init {inner} of {self.id} not found among {self.host_pids()}")
 
     def shim_host_pid(self, init: int) -> int:
-        with open(f"/proc/{init}/stat") as f:
-            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        with open(f"/proc/{ppid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-        if b"-id" not in argv or argv[argv.index(b"-id") + 1].decode() != self.id:
-            raise LookupError(f"parent {ppid} of init {init} is not the shim of {self.id}")
-        return ppid
+        return shim_of(init, self.id)
 
     def children(self) -> list[int]:
         init = self.init_host_pid()
