@@ -16,7 +16,14 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from runc_guard.errors import ConfigError
-from runc_guard.settings_file import DEFAULT_DELETE_TIMEOUT, cache_dir, config_path, read_settings_file
+from runc_guard.settings_file import (
+    DEFAULT_DELETE_TIMEOUT,
+    DEFAULT_PENDING_DIR,
+    MAX_DELETE_TIMEOUT,
+    cache_dir,
+    config_path,
+    read_settings_file,
+)
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -29,7 +36,7 @@ class Settings:
     runtimes: Mapping[str, str] = field(default_factory=dict)
     delete_timeout: float = DEFAULT_DELETE_TIMEOUT
     poll_interval: float = 0.02
-    pending_dir: str = "/run/runc-guard/pending"
+    pending_dir: str = DEFAULT_PENDING_DIR
     journal_socket: str = "/run/systemd/journal/socket"
     log_file: str = "/var/log/runc-guard/events.jsonl"
     log_level: str = "info"
@@ -103,7 +110,7 @@ def _to_patterns(value: object) -> tuple[str, ...]:
 
 def _convert(key: str, value: object) -> object:
     if key in ("delete_timeout",):
-        return _to_seconds(key, value, 0.0, 600.0)
+        return _to_seconds(key, value, 0.0, MAX_DELETE_TIMEOUT)
     if key == "poll_interval":
         return _to_seconds(key, value, 0.001, 5.0)
     if key in ("pending_dir", "journal_socket", "log_file", "stats_file"):

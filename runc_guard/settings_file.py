@@ -27,6 +27,10 @@ DEFAULT_CONFIG = "/etc/runc-guard/config.toml"
 #: finishes such teardowns inside containerd's 5 s, so a shorter deadline would
 #: leave more behind than the runtime alone (measured in the systemd lab).
 DEFAULT_DELETE_TIMEOUT = 4.0
+#: The range config.py accepts for ``delete_timeout`` (seconds).
+MAX_DELETE_TIMEOUT = 600.0
+#: Where the delete path keeps its durable records (Settings.pending_dir's default).
+DEFAULT_PENDING_DIR = "/run/runc-guard/pending"
 DEFAULT_CACHE_DIR = "/run/runc-guard"
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -211,4 +215,4 @@ def delete_timeout_of(raw: Mapping[str, object], environ: Mapping[str, str]) -> 
         seconds = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return DEFAULT_DELETE_TIMEOUT
-    return seconds if 0.0 <= seconds <= 600.0 else DEFAULT_DELETE_TIMEOUT
+    return seconds if 0.0 <= seconds <= MAX_DELETE_TIMEOUT else DEFAULT_DELETE_TIMEOUT

@@ -23,6 +23,7 @@ from runc_guard import argv as argv_mod
 from runc_guard.errors import EXIT_CONFIG, EXIT_RUNTIME_UNAVAILABLE, RuncGuardError
 from runc_guard.runtime import DEFAULT_RUNTIME, exec_runtime, resolve_runtime, runtime_name_for
 from runc_guard.settings_file import (
+    DEFAULT_PENDING_DIR,
     cache_dir,
     config_path,
     delete_timeout_of,
@@ -100,7 +101,7 @@ def _known_to_anyone(
 
     pending_dir = environ.get("RUNC_GUARD_PENDING_DIR") or raw.get("pending_dir")
     if not isinstance(pending_dir, str) or not pending_dir.startswith("/"):
-        pending_dir = "/run/runc-guard/pending"
+        pending_dir = DEFAULT_PENDING_DIR
     record = record_path(pending_dir, os.path.abspath(invocation.root), invocation.container_id or "")
     return os.path.exists(record)
 
