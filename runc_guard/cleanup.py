@@ -173,14 +173,3 @@ def drain(
         sleep = max(0.0, min(poll_interval, deadline - now))
         fs.wait_for_change(populated, sleep, max(sleep, min(EVENT_WAIT, deadline - now)))
 
-
-def remove_cgroups(
-    roots: Sequence[str],
-    fs: CgroupFsOps,
-    deadline: float,
-    poll_interval: float,
-    kill_stragglers: bool,
-    clock: Callable[[], float] = time.monotonic,
-) -> CleanupReport:
-    """Wait for and remove ``roots`` by ``deadline``; see :func:`drain`."""
-    return drain(roots, fs, deadline, poll_interval, may_kill=kill_stragglers, clock=clock)

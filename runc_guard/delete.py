@@ -210,10 +210,10 @@ class DeleteRun:
             raise Outcome("no_state", run.status, str(exc)) from None
         self._with_state(state)
 
-    def _run_runtime(self, deadline: float | None, args: Sequence[str] | None = None) -> RuntimeRun:
+    def _run_runtime(self, deadline: float | None) -> RuntimeRun:
         """One run of the runtime's delete; a forwarded signal ends the whole delete."""
         self.canonical["runtime_runs"] += 1
-        run = run_runtime_child(self.runtime, self.args if args is None else args, deadline, self.clock)
+        run = run_runtime_child(self.runtime, self.args, deadline, self.clock)
         self.canonical["runtime_ms"] = self.canonical.get("runtime_ms", 0) + run.waited_ms
         if run.signalled is not None:
             # The caller stopped us and so the runtime; its answer is our status.

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from runc_guard.cleanup import remove_cgroups, subtree_leaf_first
+from runc_guard.cleanup import drain, subtree_leaf_first
 from runc_guard.errors import EXIT_CGROUP_BUSY, EXIT_CGROUP_ERROR, CgroupBusy, CgroupRemovalFailed
 from tests.fakes import FakeCgroupFs, FakeClock
 
@@ -16,7 +16,7 @@ ROOTS = ["/cg/memory/k/c1", "/cg/pids/k/c1"]
 
 
 def run(fs: FakeCgroupFs, clock: FakeClock, timeout: float = 3.0, kill: bool = True):  # type: ignore[no-untyped-def]
-    return remove_cgroups(ROOTS, fs, clock() + timeout, 0.02, kill, clock=clock)
+    return drain(ROOTS, fs, clock() + timeout, 0.02, may_kill=kill, clock=clock)
 
 
 def test_removes_empty_tree_leaf_first(fake_fs: FakeCgroupFs, clock: FakeClock) -> None:
@@ -133,7 +133,7 @@ def test_child_created_during_removal_is_removed_too(fake_fs: FakeCgroupFs, cloc
 def test_at_least_one_attempt_after_deadline(fake_fs: FakeCgroupFs, clock: FakeClock) -> None:
     """Even with the deadline already past, one removal pass runs."""
     fake_fs.add(ROOTS[0])
-    remove_cgroups(ROOTS, fake_fs, clock() - 1, 0.02, True, clock=clock)
+    drain(ROOTS, fake_fs, clock() - 1, 0.02, may_kill=True, clock=clock)
     assert fake_fs.dirs == {}
 
 
@@ -150,9 +150,9 @@ def test_clean_removal_does_not_load_tenacity() -> None:
     """One successful attempt never imports tenacity: a clean delete stays within its budget."""
     code = (
         "import sys; from tests.fakes import FakeClock, FakeCgroupFs;"
-        "from runc_guard.cleanup import remove_cgroups;"
+        "from runc_guard.cleanup import drain;"
         "c = FakeClock(); fs = FakeCgroupFs(c); fs.add('/cg/a');"
-        "remove_cgroups(['/cg/a'], fs, c() + 3, 0.02, True, clock=c);"
+        "drain(['/cg/a'], fs, c() + 3, 0.02, may_kill=True, clock=c);"
         "print('tenacity' in sys.modules, fs.dirs)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
