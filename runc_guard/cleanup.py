@@ -20,7 +20,6 @@ from __future__ import annotations
 import errno
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from runc_guard.cgroupfs import CgroupFsOps
 from runc_guard.errors import CgroupBusy, CgroupRemovalFailed, ForeignProcess
@@ -38,16 +37,18 @@ FOREIGN_AFTER = 0.2
 _RETRYABLE = (errno.EBUSY, errno.ENODEV, errno.EINTR)
 
 
-@dataclass
 class CleanupReport:
     """What one cleanup did; filled in as it goes so a failure still reports it."""
 
-    attempts: int = 0
-    waited_ms: int = 0
-    removed: list[str] = field(default_factory=list)
-    killed: list[int] = field(default_factory=list)
-    #: Directories still present at the end -> live pids found in them.
-    remaining: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    __slots__ = ("attempts", "killed", "remaining", "removed", "waited_ms")
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self.waited_ms = 0
+        self.removed: list[str] = []
+        self.killed: list[int] = []
+        #: Directories still present at the end -> live pids found in them.
+        self.remaining: dict[str, tuple[int, ...]] = {}
 
 
 def subtree_leaf_first(root: str, fs: CgroupFsOps) -> list[str]:

@@ -21,11 +21,11 @@ import fnmatch
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from runc_guard.cgroupfs import CGROUP_MAGICS, CgroupFsOps
 from runc_guard.errors import UnsafeCgroupPath
 from runc_guard.state import ContainerState
+from runc_guard.values import Value
 
 #: Final components that belong to kubelet's pod and QoS levels, never to a container.
 _KUBELET_LEVEL = re.compile(
@@ -83,8 +83,7 @@ def check_path(path: str, fs: CgroupFsOps, mounts: Mapping[str, str]) -> str:
 CREATED_MARGIN = 1.0
 
 
-@dataclass(frozen=True)
-class Ownership:
+class Ownership(Value):
     """The container's cgroup directories and whether runc-guard may act on them.
 
     ``step_aside`` names why not (runc-guard then runs the runtime's delete
@@ -92,8 +91,12 @@ class Ownership:
     is provably the container's own.
     """
 
+    __slots__ = ("paths", "step_aside")
     paths: list[str]
-    step_aside: str | None = None
+    step_aside: str | None
+
+    def __init__(self, paths: list[str], step_aside: str | None = None) -> None:
+        self._init(locals())
 
 
 def names_container(name: str, container_id: str, patterns: Sequence[str] = ()) -> bool:

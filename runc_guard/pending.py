@@ -11,20 +11,28 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
 
 from runc_guard.atomic import write_atomic
+from runc_guard.values import Value
+
+try:  # hashlib loads OpenSSL: ~2.5 ms of every delete's start-up, for one 12-digit name
+    from _sha256 import sha256  # type: ignore[import-not-found,unused-ignore]
+except ImportError:  # pragma: no cover - another interpreter (3.12 calls it _sha2)
+    from hashlib import sha256
 
 MAX_RECORD_BYTES = 1 << 20
 
 
-@dataclass(frozen=True)
-class PendingRecord:
+class PendingRecord(Value):
+    """What a delete could not finish yet: enough for the next delete or the sweep to finish it."""
+
+    __slots__ = (
+        "cgroup_paths", "container_id", "created", "init_pid", "init_start", "runtime", "runtime_root",
+    )
     container_id: str
     runtime_root: str
     cgroup_paths: list[str]
@@ -33,10 +41,22 @@ class PendingRecord:
     runtime: str
     created: float
 
+    def __init__(
+        self,
+        container_id: str,
+        runtime_root: str,
+        cgroup_paths: list[str],
+        init_pid: int,
+        init_start: int,
+        runtime: str,
+        created: float,
+    ) -> None:
+        self._init(locals())
+
 
 def record_path(pending_dir: str, runtime_root: str, container_id: str) -> str:
     """One file per container; the root's hash keeps namespaces with equal ids apart."""
-    root_hash = hashlib.sha256(os.path.normpath(runtime_root).encode()).hexdigest()[:12]
+    root_hash = sha256(os.path.normpath(runtime_root).encode()).hexdigest()[:12]
     return os.path.join(pending_dir, f"{container_id}@{root_hash}.json")
 
 
@@ -120,7 +140,7 @@ def find_record(pending_dir: str, runtime_root: str, container_id: str) -> Pendi
 def write_record(pending_dir: str, record: PendingRecord) -> str:
     """Atomically and durably write ``record``; raise OSError (the delete goes on without it)."""
     path = record_path(pending_dir, record.runtime_root, record.container_id)
-    data = json.dumps(asdict(record), sort_keys=True).encode()
+    data = json.dumps(record.as_dict(), sort_keys=True).encode()
     write_atomic(path, data, 0o600, durable=True, dir_mode=0o700)
     return path
 
