@@ -72,6 +72,7 @@ from integration.lab import (
     shim_of,
     unique,
     wait_for,
+    wait_reported,
 )
 
 CONTAINERD = shutil.which("containerd") or "/usr/bin/containerd"
@@ -208,6 +209,7 @@ def guard_settings(workdir: str, **overrides: str) -> dict[str, str]:
         "RUNC_GUARD_LOG_FILE": os.path.join(workdir, "rg-events.jsonl"),
         "RUNC_GUARD_STATS_FILE": os.path.join(workdir, "rg-deletes.jsonl"),
         "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(workdir, "no-journald.socket"),
+        "RUNC_GUARD_REPORTER_LINGER": "0",
     }
     settings.update(overrides)
     return settings
@@ -620,6 +622,7 @@ def remove_dirs(paths: list[str]) -> None:
 def guard_events(settings: dict[str, str], event: str | None = None) -> list[dict[str, Any]]:
     """runc-guard's ``--log``-independent event lines (delete, state_unreadable ...)."""
     path = settings["RUNC_GUARD_LOG_FILE"]
+    wait_reported(settings["RUNC_GUARD_CACHE_DIR"])
     if not os.path.exists(path):
         return []
     with open(path) as f:
@@ -722,6 +725,7 @@ def guarded_containerd_in(
         with guarded_containerd(workdir, layout, journal_socket, build, runc, **overrides) as lab:
             yield lab
     finally:
+        wait_reported(os.path.join(workdir, "rg-cache"))
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -53,6 +53,7 @@ from integration.lab import (
     remove_tree,
     unique,
     wait_for,
+    wait_reported,
 )
 
 K8S_NS = "k8s.io"
@@ -411,6 +412,7 @@ def cri_lab_in(factory: Any, name: str, build: cl.Build, crictl: str, **override
         with cri_lab(workdir, build, crictl, **overrides) as lab:
             yield lab
     finally:
+        wait_reported(os.path.join(workdir, "rg-cache"))
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -22,7 +22,7 @@ import tempfile
 from integration import containerd_lab as cl
 from integration.journald import Journald, private_journald
 from integration.journald import available as journald_available
-from integration.lab import FREEZER
+from integration.lab import FREEZER, wait_reported
 
 
 def _progress(label: str, i: int, total: int, crash: cl.CrashResult) -> None:
@@ -119,6 +119,7 @@ def run(cycles: int, seed: int) -> int:
                 if "shim disconnected" in line or "level=error" in line or "failed" in line:
                     print("    " + line)
             one = guard.task_ids[-1]
+            wait_reported(settings["RUNC_GUARD_CACHE_DIR"])  # entries are sent after the delete returns
             if jd is not None:
                 print(f"\njournalctl --namespace={jd.namespace} CONTAINER_ID={one}:")
                 print(journal_lines(jd.namespace, one))

@@ -95,6 +95,40 @@ def read_jsonl(path: str) -> list[dict]:  # type: ignore[type-arg]
     return [json.loads(line) for line in read_lines(path) if line.strip()]
 
 
+def spool_lock_holder(spool: str) -> int:
+    """The pid holding the spool's reporter flock (from /proc/locks, without taking it); 0 if none."""
+    try:
+        ino = os.stat(os.path.join(spool, ".reporter.lock")).st_ino
+    except FileNotFoundError:
+        return 0
+    with open("/proc/locks") as f:
+        for line in f:
+            fields = line.split()
+            if fields[1] == "FLOCK" and fields[5].endswith(f":{ino}"):
+                return int(fields[4])
+    return 0
+
+
+def wait_reported(cache_dir: str, timeout: float = 10.0) -> bool:
+    """Until runc-guard's detached reporter has sent every spooled entry and exited.
+
+    A delete spools its entries before it exits; the reporter it forks sends
+    them (journald or the JSON-lines file) and lets go of the spool's lock.
+    Only looked at: taking the lock here would make a new reporter leave its
+    entry to us.
+    """
+    from runc_guard.report import pending_files, spool_dir
+
+    spool = spool_dir(cache_dir)
+    return wait_for(lambda: not pending_files(spool) and not spool_lock_holder(spool), timeout, 0.01)
+
+
+def reported_events(workdir: str, cache: str = "cache", log: str = "events.jsonl") -> list[dict]:  # type: ignore[type-arg]
+    """runc-guard's entries in ``workdir`` (guard_env's layout), once its reporter is done."""
+    wait_reported(os.path.join(workdir, cache))
+    return read_jsonl(os.path.join(workdir, log))
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:  # type: ignore[no-untyped-def]
     end = time.monotonic() + timeout
     while time.monotonic() < end:

@@ -35,6 +35,8 @@ def guard_env(workdir: str, **overrides: str) -> dict[str, str]:
         RUNC_GUARD_LOG_FILE=os.path.join(workdir, "events.jsonl"),
         RUNC_GUARD_STATS_FILE=os.path.join(workdir, "stats.jsonl"),
         RUNC_GUARD_JOURNAL_SOCKET=os.path.join(workdir, "no-journald.socket"),
+        # the reporter exits as soon as the spool is empty: a test waits for it (wait_reported)
+        RUNC_GUARD_REPORTER_LINGER="0",
     )
     env.update(overrides)
     return env

@@ -12,46 +12,84 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
 
 from runc_guard.errors import ConfigError
 from runc_guard.settings_file import (
     DEFAULT_DELETE_TIMEOUT,
+    DEFAULT_JOURNAL_SOCKET,
+    DEFAULT_LOG_FILE,
     DEFAULT_PENDING_DIR,
     MAX_DELETE_TIMEOUT,
     cache_dir,
     config_path,
     read_settings_file,
 )
+from runc_guard.values import Value
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-@dataclass(frozen=True)
-class Settings:
+class Settings(Value):
     """Effective settings; build with :func:`load_settings`, pass down explicitly."""
 
-    runtime: str = "runc"
-    runtimes: Mapping[str, str] = field(default_factory=dict)
-    delete_timeout: float = DEFAULT_DELETE_TIMEOUT
-    poll_interval: float = 0.02
-    pending_dir: str = DEFAULT_PENDING_DIR
-    journal_socket: str = "/run/systemd/journal/socket"
-    log_file: str = "/var/log/runc-guard/events.jsonl"
-    log_level: str = "info"
-    kill_stragglers: bool = True
-    stats_file: str = "/run/runc-guard/deletes.jsonl"
+    __slots__ = (
+        "container_cgroup_patterns",
+        "delete_timeout",
+        "journal_socket",
+        "kill_stragglers",
+        "log_file",
+        "log_level",
+        "pending_dir",
+        "poll_interval",
+        "reporter_linger",
+        "runtime",
+        "runtimes",
+        "source",
+        "stats_file",
+    )
+    #: Every key of the file; ``source`` (where the values came from) is no setting.
+    _compared = tuple(n for n in __slots__ if n != "source")
+    runtime: str
+    runtimes: Mapping[str, str]
+    delete_timeout: float
+    poll_interval: float
+    pending_dir: str
+    journal_socket: str
+    log_file: str
+    log_level: str
+    kill_stragglers: bool
+    stats_file: str
     #: fnmatch patterns (``{id}`` = the container id) of cgroup names that belong to a
     #: container, besides the id itself and ``<prefix>-<id>.scope`` (paths.names_container).
-    container_cgroup_patterns: tuple[str, ...] = ()
-    source: str = field(default="(defaults)", compare=False)
+    container_cgroup_patterns: tuple[str, ...]
+    #: How long a detached reporter waits for more deletes' entries before it exits.
+    reporter_linger: float
+    source: str
 
-    def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
+    def __init__(
+        self,
+        runtime: str = "runc",
+        runtimes: Mapping[str, str] | None = None,
+        delete_timeout: float = DEFAULT_DELETE_TIMEOUT,
+        poll_interval: float = 0.02,
+        pending_dir: str = DEFAULT_PENDING_DIR,
+        journal_socket: str = DEFAULT_JOURNAL_SOCKET,
+        log_file: str = DEFAULT_LOG_FILE,
+        log_level: str = "info",
+        kill_stragglers: bool = True,
+        stats_file: str = "/run/runc-guard/deletes.jsonl",
+        container_cgroup_patterns: tuple[str, ...] = (),
+        reporter_linger: float = 2.0,
+        source: str = "(defaults)",
+    ) -> None:
+        runtimes = {} if runtimes is None else runtimes
+        self._init(locals())
+
+    def as_dict(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self._compared}
 
 
-_KEYS = {f.name: f for f in fields(Settings) if f.name != "source"}
+_KEYS = frozenset(Settings._compared)
 
 
 def _to_bool(key: str, value: object) -> bool:
@@ -113,6 +151,8 @@ def _convert(key: str, value: object) -> object:
         return _to_seconds(key, value, 0.0, MAX_DELETE_TIMEOUT)
     if key == "poll_interval":
         return _to_seconds(key, value, 0.001, 5.0)
+    if key == "reporter_linger":
+        return _to_seconds(key, value, 0.0, 60.0)
     if key in ("pending_dir", "journal_socket", "log_file", "stats_file"):
         return _to_path(key, value)
     if key == "kill_stragglers":

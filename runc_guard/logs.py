@@ -1,6 +1,8 @@
 """structlog set-up: pure processors, one sink that writes to journald or a JSON-lines file.
 
-Event names are fixed strings (``delete``, ``state_unreadable`` ...); facts go in
+The delete path does not import this module: it spools its entries
+(``runc_guard.report``) and a detached reporter sends them from here, off
+containerd's critical path. Event names are fixed strings (``delete``, ``state_unreadable`` ...); facts go in
 keys. The sink maps keys to journal fields (``container_id`` ->
 ``CONTAINER_ID``) so ``journalctl CONTAINER_ID=<id>`` finds every entry of a
 container. If journald is absent or refuses, the entry goes to ``log_file``
@@ -11,15 +13,20 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
 
 from runc_guard import journal
+from runc_guard.report import pending_files, try_lock
+
+#: How long a reporter waits for more entries before it exits (a storm shares one).
+LINGER = 2.0
+POLL = 0.02
 
 _PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
-_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 
 def _message(event_dict: MutableMapping[str, Any]) -> str:
@@ -71,16 +78,85 @@ class Sink:
             pass  # no journald and no writable file: logging must not fail the delete
 
 
-def make_logger(journal_socket: str, log_file: str, log_level: str, **context: Any) -> Any:
-    """A bound logger whose entries all carry ``context`` (e.g. container_id, runtime)."""
-    logger = structlog.wrap_logger(
+def _sink_logger(journal_socket: str, log_file: str) -> Any:
+    """A logger that sends entries as they are: the delete already stamped and filtered them."""
+    return structlog.wrap_logger(
         None,
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
-            Sink(journal_socket, log_file),
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(log_level, 20)),
+        processors=[Sink(journal_socket, log_file)],
+        wrapper_class=structlog.make_filtering_bound_logger(0),
         cache_logger_on_first_use=False,
     )
-    return logger.bind(**context)
+
+
+def send_entries(
+    entries: object, target: tuple[str, str], loggers: dict[tuple[str, str], Any] | None = None
+) -> int:
+    """Send entries collected by ``report.EventLog`` to (journal socket, fallback file)."""
+    loggers = {} if loggers is None else loggers
+    sent = 0
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict):
+            if target not in loggers:
+                loggers[target] = _sink_logger(*target)
+            fields = dict(entry)
+            event = str(fields.pop("event", "event"))
+            loggers[target].info(event, **fields)
+            sent += 1
+    return sent
+
+
+def send_spooled(path: str, loggers: dict[tuple[str, str], Any]) -> int:
+    """Send one spool file's entries, then unlink it; returns how many were sent.
+
+    A file that does not parse (it cannot be half-written: it came by rename)
+    is reported once as ``spool_unreadable`` and removed, so it cannot stall the spool.
+    """
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+        sink, entries = doc["sink"], doc["entries"]
+        target = (str(sink["journal_socket"]), str(sink["log_file"]))
+    except FileNotFoundError:
+        return 0  # another reporter (a sweep) sent it
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        journal.send({"MESSAGE": f"spool_unreadable: {path}: {exc}", "PRIORITY": 3,
+                      "SYSLOG_IDENTIFIER": journal.IDENTIFIER, "EVENT": "spool_unreadable"})
+        entries, target = [], ("", "")
+    sent = send_entries(entries, target, loggers)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return sent
+
+
+def drain_spool(directory: str, linger: float = LINGER, poll: float = POLL, held: int | None = None) -> int:
+    """Send every spooled entry, lingering ``linger`` s for more; returns how many were sent.
+
+    Only one reporter drains at a time (flock). One that finds the lock held
+    returns at once: the holder re-checks the spool after it lets go, so an
+    entry spooled just before is never stranded. ``held``: the lock, already taken.
+    """
+    sent = 0
+    loggers: dict[tuple[str, str], Any] = {}
+    while True:
+        lock = held if held is not None else try_lock(directory)
+        held = None
+        if lock is None:
+            return sent
+        try:
+            idle_until = time.monotonic() + linger
+            while True:
+                files = pending_files(directory)
+                for path in files:
+                    sent += send_spooled(path, loggers)
+                if files:
+                    idle_until = time.monotonic() + linger
+                elif time.monotonic() >= idle_until:
+                    break
+                else:
+                    time.sleep(poll)
+        finally:
+            os.close(lock)
+        if not pending_files(directory):
+            return sent

@@ -32,6 +32,9 @@ MAX_DELETE_TIMEOUT = 600.0
 #: Where the delete path keeps its durable records (Settings.pending_dir's default).
 DEFAULT_PENDING_DIR = "/run/runc-guard/pending"
 DEFAULT_CACHE_DIR = "/run/runc-guard"
+#: Where log entries go (Settings' defaults; the shim needs them before Settings exists).
+DEFAULT_JOURNAL_SOCKET = "/run/systemd/journal/socket"
+DEFAULT_LOG_FILE = "/var/log/runc-guard/events.jsonl"
 MAX_CONFIG_BYTES = 1 << 20
 
 
@@ -216,3 +219,12 @@ def delete_timeout_of(raw: Mapping[str, object], environ: Mapping[str, str]) -> 
     except (TypeError, ValueError):
         return DEFAULT_DELETE_TIMEOUT
     return seconds if 0.0 <= seconds <= MAX_DELETE_TIMEOUT else DEFAULT_DELETE_TIMEOUT
+
+
+def log_sink_of(raw: Mapping[str, object], environ: Mapping[str, str]) -> dict[str, str]:
+    """journal_socket and log_file as the delete path would use them (absolute paths, else defaults)."""
+    sink = {}
+    for key, default in (("journal_socket", DEFAULT_JOURNAL_SOCKET), ("log_file", DEFAULT_LOG_FILE)):
+        value = environ.get(f"RUNC_GUARD_{key.upper()}") or raw.get(key)
+        sink[key] = value if isinstance(value, str) and value.startswith("/") else default
+    return sink

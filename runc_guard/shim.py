@@ -29,6 +29,7 @@ from runc_guard.settings_file import (
     delete_timeout_of,
     first_report,
     last_good_routing,
+    log_sink_of,
     read_settings_file,
 )
 
@@ -106,7 +107,9 @@ def _known_to_anyone(
     return os.path.exists(record)
 
 
-def _startup_slot(raw: dict[str, object], environ: os._Environ[str]) -> int | None:
+def _startup_slot(
+    invocation: argv_mod.Invocation, raw: dict[str, object], environ: os._Environ[str]
+) -> int | None:
     """Wait briefly for a start-up slot (see runc_guard.startup).
 
     None: the node is overloaded with deletes loading at once; the caller steps
@@ -122,14 +125,31 @@ def _startup_slot(raw: dict[str, object], environ: os._Environ[str]) -> int | No
     slot = acquire(os.path.join(cache_dir(environ), "startup"), deadline)
     if slot is None:
         waited = int((time.monotonic() - started) * 1000)
-        _journal(
+        _report_overloaded(
+            invocation,
+            raw,
             environ,
-            "startup_overloaded",
             f"{slots()} deletes were already loading at once; after {waited} ms runc-guard"
             " stepped aside and ran the runtime alone (the sweep finishes what it leaves)",
-            4,
         )
     return slot
+
+
+def _report_overloaded(
+    invocation: argv_mod.Invocation, raw: dict[str, object], environ: os._Environ[str], reason: str
+) -> None:
+    """Spool the stepped-aside delete's entry like every delete's: journald may be absent."""
+    try:
+        from runc_guard.report import EventLog, detach_reporter, spool_dir, write_spool
+
+        context = {"container_id": invocation.container_id, "runtime_root": invocation.root}
+        log = EventLog("info", context)
+        log.warning("startup_overloaded", reason=reason)
+        directory = spool_dir(cache_dir(environ))
+        write_spool(directory, log.entries, log_sink_of(raw, environ))
+        detach_reporter(directory, 0.0)  # a storm has reporters lingering already
+    except Exception:  # noqa: BLE001 - reporting never changes the call
+        _journal(environ, "startup_overloaded", reason, 4)
 
 
 def _reraise(noted: list[int]) -> None:
@@ -167,7 +187,7 @@ def main(noted: list[int] | None = None) -> int:
         return _fail(str(exc), exc.exit_code, environ)
     slot = None
     if invocation.is_delete and _known_to_anyone(invocation, routing.raw, environ):
-        slot = _startup_slot(routing.raw, environ)
+        slot = _startup_slot(invocation, routing.raw, environ)
     if slot is not None:
         # Until the delete path has its own handlers, a signal is only noted (the
         # launcher set that up): the delete starts by honouring it.

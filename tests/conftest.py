@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 
 import pytest
 
+from integration.lab import wait_reported
 from tests.fakes import FakeCgroupFs, FakeClock
 
 
@@ -44,6 +46,17 @@ def shim_binary() -> str:
 
 
 @pytest.fixture
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A private directory for runc-guard's paths (pending, cache, logs)."""
-    return str(tmp_path_factory.mktemp("rg"))
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private directory for runc-guard's paths (pending, cache, logs); its reporters are done after."""
+    path = str(tmp_path_factory.mktemp("rg"))
+    yield path
+    wait_reported(os.path.join(path, "cache"))
+
+
+@pytest.fixture(autouse=True)
+def _reporters_done(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that ran runc-guard with its paths in tmp_path ends only when its reporter is done."""
+    tmp = str(request.getfixturevalue("tmp_path")) if "tmp_path" in request.fixturenames else None
+    yield
+    if tmp is not None:
+        wait_reported(os.path.join(tmp, "cache"))

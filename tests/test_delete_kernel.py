@@ -25,6 +25,7 @@ from integration.lab import (
     procs,
     read_jsonl,
     remove_tree,
+    reported_events,
     script,
     wait_for,
 )
@@ -48,7 +49,7 @@ def test_runc_guard_leaves_nothing(shim_binary: str, workdir: str) -> None:
     assert result["left"] == []
     assert result["pending"] == []
     assert result["stdout"] == ""
-    events = read_jsonl(os.path.join(workdir, "events.jsonl"))
+    events = reported_events(workdir)
     (entry,) = [e for e in events if e["event"] == "delete"]
     # init was dead: runc-guard waited for the release *before* runc ran, so runc's own
     # removal succeeded; what runc could not remove (the nested child cgroup) runc-guard did
@@ -100,7 +101,7 @@ def test_pure_cgroup_v2(shim_binary: str, tmp_path: os.PathLike[str]) -> None:
             "mount -t cgroup2 none /sys/fs/cgroup; "
             f"mount -t cgroup -o freezer freezer {freezer}; "
             f"cd {os.getcwd()}; exec {sys.executable} -m integration.scenario "
-            f"--binary {binary} --hold 1.5 --freezer-root {freezer}"
+            f"--binary {binary} --hold 3 --freezer-root {freezer}"
         )
         proc = subprocess.run(
             ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120, check=False
@@ -137,14 +138,14 @@ def test_no_state_passes_delete_through(shim_binary: str, workdir: str) -> None:
     )
     assert guard.returncode == stock.returncode
     assert "Traceback" not in guard.stderr and stock.stderr.strip().split("msg=")[-1] in guard.stderr
-    assert read_jsonl(os.path.join(workdir, "events.jsonl")) == []
+    assert reported_events(workdir) == []
     assert read_jsonl(os.path.join(workdir, "stats.jsonl")) == []
     debug = subprocess.run(
         [shim_binary, *args], capture_output=True, text=True, check=False,
         env=guard_env(workdir, RUNC_GUARD_LOG_LEVEL="debug"),
     )
     assert debug.returncode == stock.returncode
-    (entry,) = read_jsonl(os.path.join(workdir, "events.jsonl"))
+    (entry,) = reported_events(workdir)
     assert (entry["level"], entry["outcome"]) == ("debug", "unknown")
     assert read_jsonl(os.path.join(workdir, "stats.jsonl")) == []
 
@@ -220,7 +221,7 @@ def test_state_naming_a_parent_cgroup_steps_aside(shim_binary: str, workdir: str
         assert sibling.poll() is None
         assert all(os.path.isdir(p) for p in ctr.dirs)
         assert not os.path.exists(os.path.join(workdir, "pending")), "stepping aside records nothing"
-        events = read_jsonl(os.path.join(workdir, "events.jsonl"))
+        events = reported_events(workdir)
         assert [e["event"] for e in events] == ["step_aside", "delete"]
         assert events[-1]["outcome"] == "stepped_aside" and events[-1]["level"] == "warning"
 

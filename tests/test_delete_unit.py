@@ -22,8 +22,10 @@ import runc_guard.delete as delete_mod
 from runc_guard.argv import parse
 from runc_guard.config import Settings
 from runc_guard.delete import DeleteRun, run_delete
+from runc_guard.logs import drain_spool
 from runc_guard.pending import PendingRecord, record_path, write_record
 from runc_guard.procinfo import start_time
+from runc_guard.report import spool_dir, write_spool
 from tests.fakes import FakeCgroupFs, FakeClock
 
 #: include/linux/threads.h PID_MAX_LIMIT is 4 Mi: no process can ever have this pid.
@@ -58,6 +60,7 @@ class Lab:
             fs.add(mount)
             fs.add(f"{mount}/rgt")
         self.runc_log = os.path.join(tmp, "runc-log.json")
+        self.spool = spool_dir(os.path.join(tmp, "cache"))
         self.settings = Settings(
             pending_dir=os.path.join(tmp, "pending"),
             journal_socket=os.path.join(tmp, "no-journald.socket"),
@@ -129,10 +132,18 @@ class Lab:
 
     def run(self, cid: str, runtime: str, settings: Settings | None = None, **kw: Any) -> int:
         args = self.invocation_args(cid)
-        run = DeleteRun(
-            parse(args), args, runtime, settings or self.settings, fs=self.fs, mounts=mounts, clock=self.clock
-        )
-        return run.run(**kw)
+        settings = settings or self.settings
+        run = DeleteRun(parse(args), args, runtime, settings, fs=self.fs, mounts=mounts, clock=self.clock)
+        status = run.run(**kw)
+        self.report(run.log.entries, settings)
+        return status
+
+    def report(self, entries: list[dict[str, Any]], settings: Settings) -> None:
+        """What the detached reporter does, here and now: spool the entries, drain the spool."""
+        if entries:
+            write_spool(self.spool, entries, {"journal_socket": settings.journal_socket,
+                                              "log_file": settings.log_file})
+            drain_spool(self.spool, linger=0)
 
     # -- outputs ----------------------------------------------------------------
 
@@ -466,6 +477,8 @@ def wired(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
             super().__init__(*args, **kw)
 
     monkeypatch.setattr(delete_mod, "DeleteRun", Wired)
+    # the reporter, without the fork: this is pytest's process (the fork is proven on the kernel)
+    monkeypatch.setattr(delete_mod, "detach_reporter", lambda d, _linger: drain_spool(d, linger=0))
     config = os.path.join(lab.tmp, "config.toml")
     with open(config, "w") as f:
         f.write("delete_timout = 5\n")

@@ -22,7 +22,7 @@ from integration.lab import (
     container_with_hold,
     crafted_container,
     procs,
-    read_jsonl,
+    reported_events,
     script,
     wait_for,
 )
@@ -188,7 +188,7 @@ def test_frozen_v1_freezer_hits_deadline_without_busy_loop(shim_binary: str, wor
         proc = delete(shim_binary, ctr.root, ctr.id, env)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         assert proc.returncode == 75, proc.stderr
-        (entry,) = [e for e in read_jsonl(os.path.join(workdir, "events.jsonl")) if e["event"] == "delete"]
+        (entry,) = [e for e in reported_events(workdir) if e["event"] == "delete"]
         # woken by cgroup.events or every 250 ms at most: a busy loop would make thousands of attempts
         assert entry["attempts"] < 40, entry
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -316,7 +316,7 @@ def test_journald_trouble_never_blocks_delete(shim_binary: str, workdir: str, mo
             proc = delete(shim_binary, ctr.root, ctr.id, env)
             assert proc.returncode == 0, proc.stderr
             assert time.monotonic() - started < 10
-            events = read_jsonl(os.path.join(workdir, "events.jsonl"))
+            events = reported_events(workdir)
             assert [e["outcome"] for e in events if e["event"] == "delete"] == ["removed"]
     finally:
         if holder is not None:
@@ -334,7 +334,7 @@ def test_bad_settings_on_delete_never_change_its_end(shim_binary: str, workdir: 
             proc = delete(shim_binary, ctr.root, ctr.id, env)
             assert (proc.returncode, proc.stderr) == (0, "")
             assert not any(os.path.exists(d) for d in ctr.dirs)
-    events = read_jsonl(os.path.join(workdir, "events.jsonl"))
+    events = reported_events(workdir)
     problems = [e for e in events if e["event"] == "config_invalid"]
     assert len(problems) == 1 and "delete_timout" in problems[0]["reason"]
     assert [e["outcome"] for e in events if e["event"] == "delete"] == ["removed", "removed"]

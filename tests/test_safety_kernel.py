@@ -29,8 +29,8 @@ from integration.lab import (
     crafted_container,
     make_bundle,
     procs,
-    read_jsonl,
     remove_tree,
+    reported_events,
     script,
     unique,
     wait_for,
@@ -230,7 +230,7 @@ def test_shared_cgroup_is_never_killed_or_removed(shim_binary: str, workdir: str
             remove_everywhere(shared)
     assert results["stock"][1:] == (2, 2), f"stock runc changed its behaviour: {results}"
     assert results["runc-guard"] == results["stock"], results
-    entries = [e for e in read_jsonl(os.path.join(workdir, "events.jsonl")) if e["event"] == "delete"]
+    entries = [e for e in reported_events(workdir) if e["event"] == "delete"]
     assert [(e["outcome"], e["level"]) for e in entries] == [("stepped_aside", "warning")]
     why = "is not named after container" if variant == "service_cgroup" else "existed before the container"
     assert why in entries[0]["reason"], entries[0]
@@ -420,7 +420,7 @@ def test_no_cgroups_path_from_a_caller_split_across_hierarchies(shim_binary: str
             remove_everywhere(caller)
     assert results["stock"] == (0, 0), results
     assert results["runc-guard"] == results["stock"], results
-    entries = [e for e in read_jsonl(os.path.join(workdir, "events.jsonl")) if e["event"] == "delete"]
+    entries = [e for e in reported_events(workdir) if e["event"] == "delete"]
     assert [e["outcome"] for e in entries] == ["removed"] or [e["outcome"] for e in entries] == [
         "already_gone"
     ]
@@ -653,6 +653,7 @@ def sigint_while_importing(shim: str, module: str, tmp: str) -> subprocess.Compl
         "RUNC_GUARD_CACHE_DIR": os.path.join(tmp, "cache"),
         "RUNC_GUARD_PENDING_DIR": os.path.join(tmp, "pending"),
         "RUNC_GUARD_LOG_FILE": os.path.join(tmp, "events.jsonl"),
+        "RUNC_GUARD_REPORTER_LINGER": "0",
         "RUNC_GUARD_STATS_FILE": os.path.join(tmp, "stats.jsonl"),
         "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp, "no-journald"),
     }

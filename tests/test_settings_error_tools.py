@@ -26,6 +26,7 @@ def ctl(tmp: str, config_text: str, *args: str) -> subprocess.CompletedProcess[s
         "RUNC_GUARD_PENDING_DIR": os.path.join(tmp, "pending"),
         "RUNC_GUARD_STATS_FILE": os.path.join(tmp, "stats.jsonl"),
         "RUNC_GUARD_LOG_FILE": os.path.join(tmp, "events.jsonl"),
+        "RUNC_GUARD_REPORTER_LINGER": "0",
         "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp, "no-journald"),
     }
     return subprocess.run([CTL, *args], capture_output=True, text=True, env=env, check=False, timeout=60)

@@ -40,6 +40,7 @@ def isolated_env(tmp: str | os.PathLike[str], extra: dict[str, str]) -> dict[str
         "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp, "no-journald"),
         "RUNC_GUARD_PENDING_DIR": os.path.join(tmp, "pending"),
         "RUNC_GUARD_LOG_FILE": os.path.join(tmp, "events.jsonl"),
+        "RUNC_GUARD_REPORTER_LINGER": "0",
         "RUNC_GUARD_STATS_FILE": os.path.join(tmp, "stats.jsonl"),
     }
     env.update(extra)

@@ -250,7 +250,8 @@ def sweep(
     child is empty in every hierarchy, runc has no state for it, containerd has
     no bundle for it, and every directory is older than --min-age. Pod- and
     QoS-level cgroups are never touched. Records the shim left in pending_dir
-    are finished the same way.
+    are finished the same way, and log entries of deletes still in the spool
+    are sent.
 
     Runtime state whose init is dead (pid gone or reused), that no containerd
     bundle and no live shim owns and that is older than --min-age is orphaned
@@ -283,10 +284,20 @@ def sweep(
         with sweep_lock(lock):
             report = sweeper.run(discovery)
         _count(settings, report)
+        _send_spooled()
     if fmt == "json":
         click.echo(json.dumps(report.as_dict(), indent=1, sort_keys=True))
     else:
         _print_text(report)
+
+
+def _send_spooled() -> None:
+    """Send delete entries a reporter never got to (it was killed, or fork failed)."""
+    from runc_guard.logs import drain_spool
+    from runc_guard.report import spool_dir
+    from runc_guard.settings_file import cache_dir
+
+    drain_spool(spool_dir(cache_dir(os.environ)), linger=0)
 
 
 def _count(settings: Settings, report: SweepReport) -> None:

@@ -1,0 +1,193 @@
+"""Report after replying: the spool, the detached reporter, and what the caller sees."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+from typing import Any
+
+import pytest
+
+from integration.lab import read_jsonl, script, spool_lock_holder, wait_for, wait_reported
+from integration.scenario import guard_env
+from runc_guard.logs import drain_spool
+from runc_guard.report import EventLog, pending_files, spool_dir, try_lock, write_spool
+
+# -- the spool, in process ------------------------------------------------------------------
+
+
+def test_event_log_filters_by_level_and_binds_context() -> None:
+    """Entries below the level are dropped as structlog's filtering logger would; bind shares the list."""
+    log = EventLog("warning", {"container_id": "a"})
+    log.info("quiet")
+    log.warning("step_aside", reason="x")
+    log.bind(container_id="b").error("delete", outcome="deadline")
+    assert [(e["event"], e["level"], e["container_id"]) for e in log.entries] == [
+        ("step_aside", "warning", "a"),
+        ("delete", "error", "b"),
+    ]
+    assert all(str(e["timestamp"]).endswith("Z") for e in log.entries)
+
+
+def _sink(tmp: str) -> dict[str, str]:
+    return {"journal_socket": os.path.join(tmp, "no-journald"), "log_file": os.path.join(tmp, "events.jsonl")}
+
+
+def test_spooled_entries_are_sent_then_unlinked(tmp_path: Any) -> None:
+    """drain_spool sends every file's entries (here to the fallback file: no journald) and removes it."""
+    tmp = str(tmp_path)
+    spool = spool_dir(os.path.join(tmp, "cache"))
+    log = EventLog("info", {"container_id": "c1"})
+    log.info("delete", outcome="removed", cgroup_paths=["/sys/fs/cgroup/memory/x"])
+    write_spool(spool, log.entries, _sink(tmp))
+    assert len(pending_files(spool)) == 1
+    assert drain_spool(spool, linger=0) == 1
+    (entry,) = read_jsonl(os.path.join(tmp, "events.jsonl"))
+    assert (entry["event"], entry["outcome"], entry["container_id"]) == ("delete", "removed", "c1")
+    assert entry["timestamp"] == log.entries[0]["timestamp"], "the time it happened, not when it was sent"
+    assert pending_files(spool) == []
+
+
+def test_unreadable_spool_file_is_dropped_not_stuck(tmp_path: Any) -> None:
+    """A spool file that does not parse is removed, so it cannot stall every later entry."""
+    tmp = str(tmp_path)
+    spool = spool_dir(os.path.join(tmp, "cache"))
+    os.makedirs(spool)
+    with open(os.path.join(spool, "0001-1.entries"), "w") as f:
+        f.write("{not json")
+    write_spool(spool, [{"event": "delete", "level": "info"}], _sink(tmp))
+    assert drain_spool(spool, linger=0) == 1
+    assert pending_files(spool) == []
+
+
+def test_a_held_lock_means_another_reporter_drains(tmp_path: Any) -> None:
+    """While one reporter holds the spool's lock, another returns at once and leaves the files to it."""
+    tmp = str(tmp_path)
+    spool = spool_dir(os.path.join(tmp, "cache"))
+    write_spool(spool, [{"event": "delete", "level": "info"}], _sink(tmp))
+    held = try_lock(spool)
+    assert held is not None
+    try:
+        assert drain_spool(spool, linger=0) == 0
+        assert len(pending_files(spool)) == 1
+    finally:
+        os.close(held)
+    assert drain_spool(spool, linger=0) == 1
+
+
+# -- the real shim: status first, entries after ---------------------------------------------
+
+
+def _dead_container(root: str, cid: str) -> None:
+    """State of a container whose init is gone (no pid is above PID_MAX_LIMIT) and that has no cgroups."""
+    os.makedirs(os.path.join(root, cid))
+    with open(os.path.join(root, cid, "state.json"), "w") as f:
+        doc = {"id": cid, "init_process_pid": (4 << 20) + 7, "init_process_start": 1, "cgroup_paths": {}}
+        json.dump(doc, f)
+
+
+def _env(workdir: str, linger: str) -> dict[str, str]:
+    runtime = script(os.path.join(workdir, "runtime"), 'for id; do :; done\nrm -rf "$RT_ROOT/$id"')
+    return guard_env(workdir, RUNC_GUARD_RUNTIME=runtime, RUNC_GUARD_REPORTER_LINGER=linger,
+                     RT_ROOT=os.path.join(workdir, "root"))
+
+
+def test_reporter_leaves_the_callers_session_and_pipes(shim_binary: str, workdir: str) -> None:
+    """The caller gets status 0 and empty stdout/stderr; the lingering reporter is in its own session
+    and holds none of the caller's pipes (go-runc waits for them to close): stdio is /dev/null."""
+    root = os.path.join(workdir, "root")
+    _dead_container(root, "c1")
+    proc = subprocess.run([shim_binary, "--root", root, "delete", "--force", "c1"], capture_output=True,
+                          env=_env(workdir, "3"), timeout=30, check=False)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
+    spool = spool_dir(os.path.join(workdir, "cache"))
+    assert wait_for(lambda: spool_lock_holder(spool) != 0, 10, 0.005)
+    reporter = spool_lock_holder(spool)
+    try:
+        assert os.getsid(reporter) == reporter != os.getsid(0)
+        assert [os.readlink(f"/proc/{reporter}/fd/{fd}") for fd in (0, 1, 2)] == ["/dev/null"] * 3
+        targets = []
+        for fd in os.listdir(f"/proc/{reporter}/fd"):
+            with contextlib.suppress(FileNotFoundError):  # a spool file it has open for a moment
+                targets.append(os.readlink(f"/proc/{reporter}/fd/{fd}"))
+        assert not [t for t in targets if t.startswith(("pipe:", "socket:"))], targets
+    finally:
+        wait_reported(os.path.join(workdir, "cache"))
+    (entry,) = [e for e in read_jsonl(os.path.join(workdir, "events.jsonl")) if e["event"] == "delete"]
+    assert (entry["container_id"], entry["exit_status"]) == ("c1", 0)
+
+
+def test_a_sigkill_of_the_callers_group_loses_no_entry(shim_binary: str, workdir: str) -> None:
+    """containerd's shim (the caller) and its process group are SIGKILLed right after the delete
+    returned: the reporter, in its own session, still sends the entry."""
+    root = os.path.join(workdir, "root")
+    _dead_container(root, "c1")
+    done = os.path.join(workdir, "done")
+    caller = subprocess.Popen(
+        ["sh", "-c", '"$0" --root "$1" delete --force c1; echo $? > "$2"; exec sleep 60',
+         shim_binary, root, done],
+        env=_env(workdir, "1"), start_new_session=True,
+    )
+    try:
+        assert wait_for(lambda: os.path.exists(done) and os.path.getsize(done) > 0, 30, 0.005)
+        os.killpg(caller.pid, signal.SIGKILL)
+    finally:
+        caller.kill()
+        caller.wait()
+    with open(done) as f:
+        assert f.read().strip() == "0"
+    (entry,) = [e for e in _reported(workdir) if e["event"] == "delete"]
+    assert entry["container_id"] == "c1"
+
+
+def test_an_entry_stranded_in_the_spool_goes_with_the_next_delete(shim_binary: str, workdir: str) -> None:
+    """A reporter that never ran (here: the spool's lock held, as by one killed mid-way) strands the
+    entry; the next delete's reporter sends it too."""
+    root = os.path.join(workdir, "root")
+    env = _env(workdir, "0")
+    spool = spool_dir(os.path.join(workdir, "cache"))
+    os.makedirs(spool)
+    held = try_lock(spool)
+    assert held is not None
+    try:
+        _dead_container(root, "c1")
+        assert subprocess.run([shim_binary, "--root", root, "delete", "--force", "c1"], env=env,
+                              timeout=30, check=False).returncode == 0
+        assert len(pending_files(spool)) == 1
+    finally:
+        os.close(held)
+    _dead_container(root, "c2")
+    assert subprocess.run([shim_binary, "--root", root, "delete", "--force", "c2"], env=env,
+                          timeout=30, check=False).returncode == 0
+    ids = sorted(e["container_id"] for e in _reported(workdir) if e["event"] == "delete")
+    assert ids == ["c1", "c2"]
+
+
+@pytest.mark.parametrize("count", [50])
+def test_a_storm_of_deletes_loses_no_entry(shim_binary: str, workdir: str, count: int) -> None:
+    """50 deletes at once with the default linger: every caller gets 0 and empty output, and every
+    delete's entry (canonical, or startup_overloaded for one that stepped aside) arrives exactly once."""
+    root = os.path.join(workdir, "root")
+    env = _env(workdir, "2")
+    ids = [f"s{i:02d}" for i in range(count)]
+    for cid in ids:
+        _dead_container(root, cid)
+    procs = [
+        subprocess.Popen([shim_binary, "--root", root, "delete", "--force", cid], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for cid in ids
+    ]
+    results = [(p.communicate(timeout=60), p.returncode) for p in procs]
+    assert all(r == ((b"", b""), 0) for r in results), results
+    # a delete that found every start-up slot busy for 1 s stepped aside: its entry says so
+    ended = ("delete", "startup_overloaded")
+    got = sorted(e["container_id"] for e in _reported(workdir) if e["event"] in ended)
+    assert got == ids
+
+
+def _reported(workdir: str) -> list[dict[str, Any]]:
+    assert wait_reported(os.path.join(workdir, "cache"), timeout=30)
+    return read_jsonl(os.path.join(workdir, "events.jsonl"))
