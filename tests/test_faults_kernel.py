@@ -1,7 +1,7 @@
 """Faults on the real kernel: nothing outside the container touched, nothing lost (issue 7).
 
-Each test names the fault it injects; the README's fault table lists them with
-their results. Stand-in runtimes are small /bin/sh scripts, so the fault is
+Each test names the fault it injects; docs/faults.md lists them with their
+results. Stand-in runtimes are small /bin/sh scripts, so the fault is
 exactly the one intended; cgroups are real and made by ``crafted_container``.
 """
 
