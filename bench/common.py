@@ -121,6 +121,58 @@ def run_measured(argv: Sequence[str], env: dict[str, str] | None = None,
                     usage.ru_maxrss)
 
 
+def run_like_go_runc(argv: Sequence[str], env: dict[str, str] | None = None) -> Measured:
+    """Like run_measured, with stdout/stderr on pipes read to EOF, as go-runc runs a runtime.
+
+    Go's cmd.Wait returns only when the process exited *and* its output pipes
+    closed, so a child that kept them open (a reporter) would delay containerd:
+    the elapsed time covers both.
+    """
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        actions = [(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)]
+        start = time.perf_counter()
+        pid = os.posix_spawn(argv[0], list(argv), env if env is not None else dict(os.environ),
+                             file_actions=actions)
+        os.close(out_w)
+        os.close(err_w)
+        out_w = err_w = -1
+        for fd in (out_r, err_r):
+            while os.read(fd, 65536):
+                pass
+        _, status, usage = os.wait4(pid, 0)
+        elapsed = time.perf_counter() - start
+    finally:
+        for fd in (out_r, err_r, out_w, err_w):
+            if fd >= 0:
+                os.close(fd)
+    return Measured(elapsed, os.waitstatus_to_exitcode(status), usage.ru_utime, usage.ru_stime,
+                    usage.ru_maxrss)
+
+
+def subreaper(on: bool) -> None:
+    """While on, orphans of our children (runc-guard's detached reporters) become ours, so that
+    their CPU can be counted (reap_orphans) like the delete's own: prctl(PR_SET_CHILD_SUBREAPER).
+    Off while containers start: their inits must not become ours."""
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(36, int(on), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def reap_orphans() -> tuple[int, float]:
+    """Wait for every remaining child (reporters that outlived their delete): (count, CPU seconds)."""
+    count, cpu = 0, 0.0
+    while True:
+        try:
+            _, _, usage = os.wait4(-1, 0)
+        except ChildProcessError:
+            return count, cpu
+        count += 1
+        cpu += usage.ru_utime + usage.ru_stime
+
+
 def cpu_sample() -> tuple[int, int]:
     """(system, total) jiffies of the whole node from the first line of /proc/stat."""
     with open("/proc/stat") as f:

@@ -22,7 +22,9 @@ the moment it sits in its wait until the release, over all runs, divided by the
 time waited: the CPU it burns per second of waiting (a busy loop would show
 ~1000 ms/s). A few runs hold the process ``--long`` seconds to count wake-ups
 per second; the whole delete's CPU (wait4 rusage, runtime child included) is
-reported too.
+reported too, and apart from it the CPU of the reporter each delete detaches
+(reporter_linger 0 here: every delete pays a whole one; the bench is the
+reporters' subreaper, so their rusage is counted).
 
 Run as root: ``python -m bench.wakeup [--runs N] [--layouts hybrid,v1,v2]``.
 """
@@ -52,9 +54,11 @@ from bench.common import (
     make_cpuset_usable,
     percentile_ms,
     print_table,
+    reap_orphans,
     remove_subtree,
+    subreaper,
 )
-from integration.lab import read_jsonl
+from integration.lab import read_jsonl, wait_reported
 from integration.scenario import guard_env
 
 IN_DELETE = 0x200
@@ -168,6 +172,7 @@ def one_run(mounts: list[str], parent: str, workdir: str, env: dict[str, str], h
             with open(os.path.join(path, "cgroup.procs"), "w") as f:
                 f.write(str(holder.pid))
         write_state(os.path.join(workdir, "runc-root"), cid, holder.pid, mounts, paths)
+        subreaper(True)  # its reporter, detached, becomes ours: its CPU counts too
         guard_pid = spawn_quiet([shim, "--root", os.path.join(workdir, "runc-root"), "delete", "--force",
                                  cid], env)
         end = time.monotonic() + 10
@@ -185,6 +190,9 @@ def one_run(mounts: list[str], parent: str, workdir: str, env: dict[str, str], h
         gone = inotify.wait_deleted(cid, len(paths), 10)
         _, status, usage = os.wait4(guard_pid, 0)
         guard_pid = 0
+        wait_reported(env["RUNC_GUARD_CACHE_DIR"])
+        _, reporter_cpu = reap_orphans()
+        subreaper(False)
         entry = read_jsonl(env["RUNC_GUARD_LOG_FILE"])[-1]
         return {
             "latency": None if gone is None else gone - exited,
@@ -193,6 +201,7 @@ def one_run(mounts: list[str], parent: str, workdir: str, env: dict[str, str], h
             "waited_ms": entry.get("waited_ms"),
             "attempts": entry.get("attempts"),
             "cpu": usage.ru_utime + usage.ru_stime,
+            "reporter_cpu": reporter_cpu,
             "wait_cpu": wait_cpu / 1e9,
             "wait_time": wait_time,
             "left": sum(os.path.isdir(p) for p in paths),
@@ -264,6 +273,7 @@ def summarize(result: dict[str, Any]) -> tuple[object, ...]:
     latencies = [r["latency"] for r in short if r["latency"] is not None]
     clean = sum(r["status"] == 0 and r["left"] == 0 for r in short + long)
     short_cpu = sorted(r["cpu"] for r in short)[len(short) // 2] if short else 0.0
+    reporter_cpu = sorted(r["reporter_cpu"] for r in short)[len(short) // 2] if short else 0.0
     # CPU while waiting, exactly: runc-guard's schedstat run time between "it is waiting"
     # and the release, over the time between the two (all runs pooled).
     runs = short + long
@@ -279,6 +289,7 @@ def summarize(result: dict[str, Any]) -> tuple[object, ...]:
         max(latencies) * 1000 if latencies else float("nan"),
         f"{clean}/{len(short) + len(long)}",
         short_cpu * 1000,
+        reporter_cpu * 1000,
         per_second,
         wakeups,
     )
@@ -307,6 +318,7 @@ def main() -> int:
     print_table(
         "Wake-up: last process exits -> every cgroup directory gone (ms)",
         ["layout", "hierarchies", "runs", "p50", "p99", "max", "clean", "CPU ms per delete (p50)",
+         "its reporter's CPU ms (p50)",
          "CPU ms per s waited", f"attempts per s waited ({args.long:g} s runs)"],
         rows,
     )

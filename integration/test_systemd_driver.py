@@ -360,19 +360,28 @@ def test_guard_reports_before_containerds_kill_and_the_retry_finishes(
         assert not [e for e in crash.containerd_errors if "signal: killed" in e]
         last = sl.guard_stats(machine)[-1]
         assert last["outcome"] == "deadline"
-        entries = [
-            e for e in machine.journal("SYSLOG_IDENTIFIER=runc-guard") if task.id in str(e.get("MESSAGE"))
-        ]
+        entries: list[dict[str, object]] = []
+
+        def reported() -> bool:  # sent by the reporter the delete detached, after it returned
+            entries[:] = [
+                e for e in machine.journal("SYSLOG_IDENTIFIER=runc-guard", "EVENT=delete")
+                if task.id in str(e.get("MESSAGE"))
+            ]
+            return bool(entries)
+
+        assert wait_for(reported)
         scope = json.loads(str(entries[-1]["SYSTEMD_SCOPE"]))
         assert scope["unit"] == task.unit and scope["outcome"] == "still_busy"
         assert 2500 <= scope["waited_ms"] < sl.SHIM_CLEANUP_BUDGET_S * 1000
         assert set(sl.pending_records(machine)) - records_before
         assert crash.state_left and crash.unit["ActiveState"] == "failed"
+        seen = len(entries)
         retry = machine.run(
             guard, "--root", f"{sl.RUNC_ROOT}/{ns}", "delete", "--force", task.id, check=False
         )
         assert retry.returncode == 0, retry.stderr
-        after = json.loads(str(machine.journal("SYSLOG_IDENTIFIER=runc-guard")[-1]["SYSTEMD_SCOPE"]))
+        assert wait_for(lambda: reported() and len(entries) > seen)
+        after = json.loads(str(entries[-1]["SYSTEMD_SCOPE"]))
         assert after["outcome"] == "reset_failed"
         assert task.host_dirs() == []
         assert task.unit_state()["LoadState"] == "not-found"
