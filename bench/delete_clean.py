@@ -7,8 +7,8 @@ deletes one through each binary, in rotating order, so the machine's noise hits
 both alike. Target: at most 25 ms over runc (p50 and p90) until containerd has
 the status, and at most 40 ms of runc-guard's own CPU per delete, its detached
 reporters included (the bench is their subreaper, so they are counted). The import cost of the
-delete path is measured separately: ``python -c "import runc_guard.delete"`` vs
-``import runc_guard.shim`` (the passthrough path) vs a bare ``python -c pass``,
+delete path is measured separately: ``python -c "import runc_guard.delete.run"`` vs
+``import runc_guard.shim.entry`` (the passthrough path) vs a bare ``python -c pass``,
 interleaved, plus the heaviest imports from ``-X importtime``.
 
 Run as root: ``python -m bench.delete_clean [--rounds N]``.
@@ -246,8 +246,8 @@ def main() -> int:
     imports = interleaved(
         {
             "bare": [python, "-P", "-c", "pass"],
-            "shim": [python, "-P", "-c", "import runc_guard.shim"],
-            "delete": [python, "-P", "-c", "import runc_guard.delete"],
+            "shim": [python, "-P", "-c", "import runc_guard.shim.entry"],
+            "delete": [python, "-P", "-c", "import runc_guard.delete.run"],
         },
         args.import_rounds,
     )
@@ -257,13 +257,14 @@ def main() -> int:
         ["python -c", "p50", "over bare"],
         [
             ("pass", bare, 0.0),
-            ("import runc_guard.shim (passthrough)", median_ms(imports["shim"]),
+            ("import runc_guard.shim.entry (passthrough)", median_ms(imports["shim"]),
              median_ms(imports["shim"]) - bare),
-            ("import runc_guard.delete", median_ms(imports["delete"]), median_ms(imports["delete"]) - bare),
+            ("import runc_guard.delete.run", median_ms(imports["delete"]),
+             median_ms(imports["delete"]) - bare),
         ],
     )
     print_table("Heaviest imports of the delete path (-X importtime, one run, cumulative ms)",
-                ["module", "ms"], importtime_top(python, "runc_guard.delete"))
+                ["module", "ms"], importtime_top(python, "runc_guard.delete.run"))
     return 0
 
 

@@ -20,8 +20,8 @@ import time
 import uuid
 
 from integration.lab import cgroup_mount_points, remove_tree
-from runc_guard.cgroupfs import cgroup_mounts
-from runc_guard.cgroupstats import read_kernel
+from runc_guard.delete.cgroupfs import cgroup_mounts
+from runc_guard.node.cgroupstats import read_kernel
 
 CTL = os.path.join(os.path.dirname(sys.executable), "runc-guardctl")
 POD = "kubepods/burstable/pod0c5e2a51-7e1e-4d5b-9a43-1b2c3d4e5f60"

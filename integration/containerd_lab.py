@@ -34,7 +34,7 @@ The same lab runs containerd 2.2.2 from ``integration.runtimes`` (the setting
   runc state under ``/run/containerd/runc/<ns>/<id>``: inside the lab's private
   ``/run`` (``Containerd.runc_state(ns, id)`` gives the host-visible path).
 - ``runc`` (a path) is the runtime runc-guard fronts: it is put in containerd's
-  environment as ``RUNC_GUARD_RUNTIME`` (``runc_guard.runtime.runtime_name_for``
+  environment as ``RUNC_GUARD_RUNTIME`` (``runc_guard.shim.runtime.runtime_name_for``
   reads it; the shim and runc-guard inherit containerd's environment). The same
   path given to ``run_task``/``path_b_crash``/``path_a`` as ``binary`` is the stock
   control (``ctr run --runc-binary``).

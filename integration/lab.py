@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from runc_guard.cgroupfs import cgroup_mounts
+from runc_guard.delete.cgroupfs import cgroup_mounts
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 FREEZER = "/sys/fs/cgroup/freezer"
@@ -117,7 +117,7 @@ def wait_reported(cache_dir: str, timeout: float = 10.0) -> bool:
     Only looked at: taking the lock here would make a new reporter leave its
     entry to us.
     """
-    from runc_guard.report import pending_files, spool_dir
+    from runc_guard.spool import pending_files, spool_dir
 
     spool = spool_dir(cache_dir)
     return wait_for(lambda: not pending_files(spool) and not spool_lock_holder(spool), timeout, 0.01)

@@ -253,7 +253,7 @@ LAUNCHER = f"""#!/usr/bin/python3
 # runc-guard from the read-only checkout, under the machine's own python3.
 import sys
 sys.path.insert(0, {GUARD_SRC!r})
-from runc_guard.shim import main
+from runc_guard.shim.entry import main
 sys.exit(main())
 """
 

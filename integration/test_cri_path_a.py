@@ -14,7 +14,7 @@ import pytest
 
 from integration import containerd_lab as cl
 from integration import cri_lab as cr
-from runc_guard.config import DEFAULT_DELETE_TIMEOUT
+from runc_guard.settings import DEFAULT_DELETE_TIMEOUT
 
 pytestmark = pytest.mark.kernel
 

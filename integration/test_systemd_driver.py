@@ -22,7 +22,7 @@ from integration import runtimes
 from integration import systemd_lab as sl
 from integration.conftest import SUMMARY_KEY
 from integration.lab import unique, wait_for
-from runc_guard import systemd_scope
+from runc_guard.delete import systemd_scope
 
 pytestmark = pytest.mark.kernel
 
@@ -336,7 +336,7 @@ def test_doctor_says_containers_use_the_systemd_driver(machine: sl.Machine, ns: 
         sl.remove_task(task)
 
 
-# -- runc-guard past the budgets (needs the WIP wiring in runc_guard/delete.py) -----------------
+# -- runc-guard past the budgets (needs the WIP wiring in runc_guard/delete/run.py) -----------------
 
 
 @pytest.mark.parametrize("runtime", ["guard-1.1.5", "guard-1.3.4"])

@@ -1,1 +1,1 @@
-import sys; from runc_guard.shim import main; sys.exit(main())  # noqa: E702, I001
+import sys; from runc_guard.shim.entry import main; sys.exit(main())  # noqa: E702, I001

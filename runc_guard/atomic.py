@@ -1,13 +1,36 @@
-"""Atomic file replacement: readers see the old file or the new one, never half of either.
+"""Atomic file writes: a whole file replaced, or one line appended; readers never see half.
 
-One implementation for every file runc-guard writes in place: pending records
-(which must survive a crash, so fsync'd with their directory), the settings
-cache, the metrics textfile and state, and containerd's config. Stdlib only.
+``write_atomic`` is the one implementation for every file runc-guard writes in
+place: pending records (which must survive a crash, so fsync'd with their
+directory), the settings cache, the spool, the metrics textfile and state, and
+containerd's config. ``append_line`` is the one for line logs (the stats
+lines, the fallback event file, the runtime's ``--log``). Stdlib only.
 """
 
 from __future__ import annotations
 
 import os
+
+
+def append_line(path: str, line: str, mode: int = 0o644, make_dirs: bool = False) -> bool:
+    """Append ``line`` (with its newline) in one write(2); False if it cannot be written.
+
+    O_APPEND makes each line land whole even with concurrent writers (deletes of
+    a storm). Never raises: a log line must never fail what it reports.
+    """
+    try:
+        if make_dirs:
+            os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, mode)
+    except OSError:
+        return False
+    try:
+        os.write(fd, line.encode("utf-8", "surrogateescape"))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:

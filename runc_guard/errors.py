@@ -8,10 +8,6 @@ codes below are runc-guard's own verdicts. Imported on the hot path: stdlib only
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from runc_guard.cleanup import CleanupReport
-
 #: sweep/audit: no cgroup filesystem is mounted below the given root (EX_NOINPUT).
 EXIT_NO_HIERARCHY = 66
 #: state.json names cgroup paths that are not the container's own cgroups: nothing was touched.
@@ -66,56 +62,6 @@ class UnsafeCgroupPath(RuncGuardError):
         super().__init__(f"refusing cgroup path {path!r}: {reason}")
         self.path = path
         self.reason = reason
-
-
-class CgroupBusy(RuncGuardError):
-    """The deadline passed with processes still inside (or EBUSY on rmdir)."""
-
-    exit_code = EXIT_CGROUP_BUSY
-
-    def __init__(
-        self, path: str, pids: tuple[int, ...], waited_ms: int, report: CleanupReport | None = None
-    ) -> None:
-        shown = ", ".join(str(p) for p in pids[:8]) + (" ..." if len(pids) > 8 else "")
-        detail = f"{len(pids)} process(es) still inside: {shown}" if pids else "rmdir kept failing with EBUSY"
-        super().__init__(
-            f"cgroup {path} still in use after {waited_ms} ms ({detail}); recorded for runc-guardctl sweep"
-        )
-        self.path = path
-        self.pids = pids
-        self.waited_ms = waited_ms
-        #: What the cleanup did before giving up.
-        self.report = report
-
-
-class CgroupRemovalFailed(RuncGuardError):
-    """rmdir failed with an error that retrying cannot fix."""
-
-    exit_code = EXIT_CGROUP_ERROR
-
-    def __init__(
-        self, path: str, errno_name: str, strerror: str, report: CleanupReport | None = None
-    ) -> None:
-        super().__init__(f"cannot remove cgroup {path}: {errno_name} ({strerror})")
-        self.path = path
-        self.errno_name = errno_name
-        #: What the cleanup did before failing.
-        self.report = report
-
-
-class ForeignProcess(RuncGuardError):
-    """A live process that is not dying sits in a private-PID-namespace container's cgroup.
-
-    The kernel SIGKILLs every process of a PID namespace when its init dies, so
-    this one is not the container's: runc-guard steps aside and leaves it, and
-    its cgroup, to the runtime and the operator.
-    """
-
-    def __init__(self, path: str, pid: int, report: CleanupReport | None = None) -> None:
-        super().__init__(f"process {pid} in {path} is alive and not the container's (not dying)")
-        self.path = path
-        self.pid = pid
-        self.report = report
 
 
 class RuntimeDeadline(RuncGuardError):

@@ -1,7 +1,7 @@
 """structlog set-up: pure processors, one sink that writes to journald or a JSON-lines file.
 
 The delete path does not import this module: it spools its entries
-(``runc_guard.report``) and a detached reporter sends them from here, off
+(``runc_guard.delete.report``) and a detached reporter sends them from here, off
 containerd's critical path. Event names are fixed strings (``delete``, ``state_unreadable`` ...); facts go in
 keys. The sink maps keys to journal fields (``container_id`` ->
 ``CONTAINER_ID``) so ``journalctl CONTAINER_ID=<id>`` finds every entry of a
@@ -20,7 +20,8 @@ from typing import Any
 import structlog
 
 from runc_guard import journal
-from runc_guard.report import pending_files, try_lock
+from runc_guard.atomic import append_line
+from runc_guard.spool import pending_files, try_lock
 
 #: How long a reporter waits for more entries before it exits (a storm shares one).
 LINGER = 2.0
@@ -67,15 +68,7 @@ class Sink:
 
     def _append_file(self, event_dict: MutableMapping[str, Any]) -> None:
         line = json.dumps(dict(event_dict), default=str, sort_keys=True) + "\n"
-        try:
-            os.makedirs(os.path.dirname(self.log_file), mode=0o755, exist_ok=True)
-            fd = os.open(self.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
-            try:
-                os.write(fd, line.encode())
-            finally:
-                os.close(fd)
-        except OSError:
-            pass  # no journald and no writable file: logging must not fail the delete
+        append_line(self.log_file, line, 0o640, make_dirs=True)  # neither: the entry is dropped
 
 
 def _sink_logger(journal_socket: str, log_file: str) -> Any:

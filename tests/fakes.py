@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 from collections.abc import Callable, Iterable
 
-from runc_guard.cgroupfs import CGROUP_SUPER_MAGIC
+from runc_guard.delete.cgroupfs import CGROUP_SUPER_MAGIC
 
 
 class FakeClock:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from runc_guard.audit import (
+from runc_guard.cli import cli
+from runc_guard.node.audit import (
     NPD_OK,
     NPD_PROBLEM,
     AuditReport,
@@ -20,9 +21,8 @@ from runc_guard.audit import (
     judge,
     runtime_entries,
 )
-from runc_guard.cli import cli
-from runc_guard.discovery import ContainerUnit, Discovery
-from runc_guard.sweep import RuntimeDirs
+from runc_guard.node.discovery import ContainerUnit, Discovery
+from runc_guard.node.sweep import RuntimeDirs
 from tests.test_sweep import HIERARCHIES, NOW, POD, AgedFs, add_unit, cid
 
 

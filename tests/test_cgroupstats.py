@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from runc_guard.cgroupfs import cgroup_mounts
-from runc_guard.cgroupstats import (
+from runc_guard.delete.cgroupfs import cgroup_mounts
+from runc_guard.node.cgroupstats import (
     ControllerCount,
     count_descendants,
     families,

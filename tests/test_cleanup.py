@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from runc_guard.cleanup import drain, subtree_leaf_first
-from runc_guard.errors import EXIT_CGROUP_BUSY, EXIT_CGROUP_ERROR, CgroupBusy, CgroupRemovalFailed
+from runc_guard.delete.cleanup import CgroupBusy, CgroupRemovalFailed, drain, subtree_leaf_first
+from runc_guard.errors import EXIT_CGROUP_BUSY, EXIT_CGROUP_ERROR
 from tests.fakes import FakeCgroupFs, FakeClock
 
 ROOTS = ["/cg/memory/k/c1", "/cg/pids/k/c1"]
@@ -150,7 +150,7 @@ def test_clean_removal_does_not_load_tenacity() -> None:
     """One successful attempt never imports tenacity: a clean delete stays within its budget."""
     code = (
         "import sys; from tests.fakes import FakeClock, FakeCgroupFs;"
-        "from runc_guard.cleanup import drain;"
+        "from runc_guard.delete.cleanup import drain;"
         "c = FakeClock(); fs = FakeCgroupFs(c); fs.add('/cg/a');"
         "drain(['/cg/a'], fs, c() + 3, 0.02, may_kill=True, clock=c);"
         "print('tenacity' in sys.modules, fs.dirs)"

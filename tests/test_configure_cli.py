@@ -16,7 +16,7 @@ from click.testing import CliRunner, Result
 
 from runc_guard.cli import cli
 from runc_guard.errors import EXIT_CONFIG, RuncGuardError
-from runc_guard.runtime import runtime_name_for
+from runc_guard.settings import load
 
 CRI2 = "io.containerd.grpc.v1.cri"
 CONTAINERD = shutil.which("containerd")
@@ -162,11 +162,10 @@ def test_nvidia_chain_runs_the_old_runtime(node: Node) -> None:
     link = os.path.join(node.bindir, "runc-guard-nvidia")
     assert names == {"runc": node.binary, "nvidia": link}
     assert os.readlink(link) == "runc-guard"
-    settings = tomlkit.parse(node.read(node.settings).decode()).unwrap()
-    assert runtime_name_for("runc-guard-nvidia", settings, {}) == fake
-    assert runtime_name_for("runc-guard", settings, {}) == "runc"
     env = {"PATH": os.environ["PATH"], "RUNC_GUARD_CONFIG": node.settings,
            "RUNC_GUARD_CACHE_DIR": os.path.join(node.root, "cache")}
+    settings = load(env)
+    assert (settings.runtime_for("runc-guard-nvidia"), settings.runtime_for("runc-guard")) == (fake, "runc")
     subprocess.run([link, "--root", "/x", "state", "c1"], env=env, check=True, timeout=30)
     assert node.read(record).decode().split() == [fake, "--root", "/x", "state", "c1"]
     node.run("--revert")

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import tomlkit
 
-from runc_guard.containerd_config import (
+from runc_guard.errors import EXIT_CONFIG
+from runc_guard.node.containerd_config import (
     ConfigFile,
     ContainerdConfigError,
     plan_fronting,
@@ -23,7 +24,6 @@ from runc_guard.containerd_config import (
     with_runtime_mappings,
     without_runtime_mappings,
 )
-from runc_guard.errors import EXIT_CONFIG
 
 GUARD = "/usr/bin/runc-guard"
 CRI2 = "io.containerd.grpc.v1.cri"

@@ -18,14 +18,15 @@ from typing import Any
 
 import pytest
 
-import runc_guard.delete as delete_mod
-from runc_guard.argv import parse
-from runc_guard.config import Settings
-from runc_guard.delete import DeleteRun, run_delete
+import runc_guard.delete.report as report_mod
+import runc_guard.delete.run as delete_mod
+from runc_guard.delete.pending import PendingRecord, record_path, write_record
+from runc_guard.delete.run import DeleteRun, run_delete
 from runc_guard.logs import drain_spool
-from runc_guard.pending import PendingRecord, record_path, write_record
 from runc_guard.procinfo import start_time
-from runc_guard.report import spool_dir, write_spool
+from runc_guard.settings import Settings, load
+from runc_guard.shim.argv import parse
+from runc_guard.spool import spool_dir, write_spool
 from tests.fakes import FakeCgroupFs, FakeClock
 
 #: include/linux/threads.h PID_MAX_LIMIT is 4 Mi: no process can ever have this pid.
@@ -478,7 +479,7 @@ def wired(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
     monkeypatch.setattr(delete_mod, "DeleteRun", Wired)
     # the reporter, without the fork: this is pytest's process (the fork is proven on the kernel)
-    monkeypatch.setattr(delete_mod, "detach_reporter", lambda d, _linger: drain_spool(d, linger=0))
+    monkeypatch.setattr(report_mod, "detach_reporter", lambda d, _linger: drain_spool(d, linger=0))
     config = os.path.join(lab.tmp, "config.toml")
     with open(config, "w") as f:
         f.write("delete_timout = 5\n")
@@ -496,7 +497,13 @@ def _run_delete(
     lab: Lab, cid: str, runtime: str, raw: Mapping[str, object], env: Mapping[str, str], **kw: Any
 ) -> int:
     args = lab.invocation_args(cid)
-    return run_delete(parse(args), args, runtime, raw, None, env, **kw)
+    text = "".join(f"{k} = {json.dumps(v)}\n" for k, v in raw.items())
+    with open(env["RUNC_GUARD_CONFIG"], "a+") as f:  # the settings file this delete reads
+        f.seek(0)
+        if f.read() != text:  # rewritten only when it changes: a new version is reported anew
+            f.truncate(0)
+            f.write(text)
+    return run_delete(parse(args), args, runtime, load(env), env, **kw)
 
 
 def test_settings_error_never_changes_the_outcome(
@@ -601,8 +608,7 @@ def test_non_sandbox_never_touches_its_pod(lab: Lab) -> None:
 def test_pid_zero_is_waited_for_never_killed(lab: Lab) -> None:
     """A 0 in a v2 cgroup.procs (a task outside our PID namespace) keeps the cgroup populated but is
     never signalled: drain waits for it and ends at the deadline, killing only real pids."""
-    from runc_guard.cleanup import drain
-    from runc_guard.errors import CgroupBusy
+    from runc_guard.delete.cleanup import CgroupBusy, drain
 
     lab.fs.add("/sys/fs/cgroup/unified/rgt/c1", [0, 4242])
     lab.fs.dies_on_kill = True
@@ -629,7 +635,7 @@ def test_record_vanishing_between_listdir_and_read_is_skipped(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A record a finishing delete removes between the listing and the read is not a problem."""
-    from runc_guard import pending
+    from runc_guard.delete import pending
 
     pending_dir = str(tmp_path / "pending")
     for cid in ("a", "b"):
@@ -677,7 +683,7 @@ def test_kill_stragglers_false_is_respected(lab: Lab) -> None:
 def test_second_delete_of_a_claimed_id_keeps_the_record(lab: Lab) -> None:
     """While another delete holds (root, id), a second one neither runs the runtime nor touches the
     record: exit 75 at its deadline, saying why."""
-    from runc_guard.pending import claim
+    from runc_guard.delete.pending import claim
 
     settings = Settings(**{**lab.settings.as_dict(), "delete_timeout": 0.0})
     dirs = lab.container("c1", pids=(4242,))

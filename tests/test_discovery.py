@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from runc_guard.discovery import (
+from runc_guard.delete.paths import container_id_of
+from runc_guard.delete.pending import PendingRecord, write_record
+from runc_guard.errors import EXIT_NO_HIERARCHY, NoCgroupHierarchy
+from runc_guard.node.discovery import (
     Discovery,
     Hierarchy,
     add_pending,
     check_kubepods_name,
-    container_id_of,
     discover,
     discover_kubepods,
     hierarchies_below,
     pod_uid_of,
 )
-from runc_guard.errors import EXIT_NO_HIERARCHY, NoCgroupHierarchy
-from runc_guard.pending import PendingRecord, write_record
 from tests.fakes import FakeCgroupFs
 
 ID1 = "a" * 64

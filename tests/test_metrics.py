@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from runc_guard import metrics
 from runc_guard.cli import cli
-from runc_guard.metrics import (
+from runc_guard.node import metrics
+from runc_guard.node.metrics import (
     Family,
     apply_delete_line,
     fold,
@@ -262,10 +262,13 @@ def test_invalid_settings_still_write_metrics(tmp_path: Path) -> None:
 
 
 def test_metrics_module_imports_no_exposition_library() -> None:
-    """Importing runc_guard.metrics (as audit and sweep do) loads prometheus-client only when rendering."""
+    """Importing node.metrics (as audit and sweep do) loads prometheus-client only when rendering."""
     import subprocess
     import sys
 
-    code = "import sys, runc_guard.metrics, runc_guard.audit; print('prometheus_client' in sys.modules)"
+    code = (
+        "import sys, runc_guard.node.metrics, runc_guard.node.audit;"
+        " print('prometheus_client' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"

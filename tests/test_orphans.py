@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from runc_guard.audit import NPD_PROBLEM, audit, judge
-from runc_guard.discovery import Discovery, add_orphans
-from runc_guard.orphans import (
+from runc_guard.node.audit import NPD_PROBLEM, audit, judge
+from runc_guard.node.discovery import Discovery, add_orphans
+from runc_guard.node.orphans import (
     ORPHAN,
     Orphans,
     Redrive,
@@ -30,8 +30,8 @@ from runc_guard.orphans import (
     runtime_for,
     states_of,
 )
-from runc_guard.orphans import judge as judge_state
-from runc_guard.sweep import RuntimeDirs, UnitFacts, decide
+from runc_guard.node.orphans import judge as judge_state
+from runc_guard.node.sweep import RuntimeDirs, UnitFacts, decide
 from tests.test_sweep import HIERARCHIES, NOW, POD, AgedFs, Recorder, add_unit, cid, sweeper
 
 MOUNTS = {h.mount: h.fstype for h in HIERARCHIES}
@@ -451,10 +451,10 @@ def test_act_reports_a_missing_runtime(tmp_path: Path, proc: str) -> None:
 
 def test_text_reports_name_the_orphan_and_the_rerun(capsys: pytest.CaptureFixture[str]) -> None:
     """Sweep text shows the re-run runtime command and its outcome; audit text lists the orphaned state."""
-    from runc_guard.audit import AuditReport
     from runc_guard.cli.audit import _print_text as print_audit
     from runc_guard.cli.sweep import _print_text as print_sweep
-    from runc_guard.sweep import SweepReport
+    from runc_guard.node.audit import AuditReport
+    from runc_guard.node.sweep import SweepReport
 
     sweep = SweepReport(dry_run=False, hierarchies=["/cg/memory"])
     sweep.redriven.append(

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from runc_guard.discovery import ContainerUnit, Discovery, Hierarchy
-from runc_guard.pacing import (
+from runc_guard.node.discovery import ContainerUnit, Discovery, Hierarchy
+from runc_guard.node.pacing import (
     Baseline,
     CgroupCanary,
     NodeSignals,
@@ -30,7 +30,7 @@ from runc_guard.pacing import (
     pressure_share,
     read_pressure,
 )
-from runc_guard.sweep import RuntimeDirs, Sweeper, SweepOptions
+from runc_guard.node.sweep import RuntimeDirs, Sweeper, SweepOptions
 from tests.fakes import FakeCgroupFs, FakeClock
 
 SETTINGS = PacingSettings(

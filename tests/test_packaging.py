@@ -24,7 +24,7 @@ import tomlkit
 import yaml
 
 import runc_guard
-from runc_guard.config import Settings, settings_from
+from runc_guard.settings import Settings, load_settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGING = os.path.join(REPO, "packaging")
@@ -82,7 +82,7 @@ def test_deb_contents(deb: str, tmp_path: Any) -> None:
     """Launchers, package, conffile, systemd units present at build time, and man pages."""
     files = deb_files(deb)
     for path in ("/usr/bin/runc-guard", "/usr/bin/runc-guardctl",
-                 "/usr/lib/python3/dist-packages/runc_guard/shim.py",
+                 "/usr/lib/python3/dist-packages/runc_guard/shim/entry.py",
                  "/usr/lib/python3/dist-packages/runc_guard/cli/configure.py",
                  "/etc/runc-guard/config.toml", "/usr/share/man/man8/runc-guard.8.gz",
                  "/usr/share/man/man8/runc-guardctl.8.gz", "/usr/share/doc/runc-guard/copyright"):
@@ -106,11 +106,11 @@ def test_deb_shim_launcher_imports_only_the_shim() -> None:
         text = f.read()
     assert text.startswith("#!/usr/bin/python3 -I\n")
     code = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
-    assert code[-3:] == ["import sys", "from runc_guard.shim import main", "sys.exit(main(_noted))"]
+    assert code[-3:] == ["import sys", "from runc_guard.shim.entry import main", "sys.exit(main(_noted))"]
     assert code[0] == "import _signal"  # builtin: the signal note costs no import
 
 
-def test_conffile_shows_the_real_defaults() -> None:
+def test_conffile_shows_the_real_defaults(tmp_path: Any) -> None:
     """Every commented setting in the packaged config.toml is a real key with its real default."""
     with open(os.path.join(PACKAGING, "debian", "config.toml")) as f:
         lines = f.read().split("#[runtimes]", 1)[0].splitlines()
@@ -118,7 +118,11 @@ def test_conffile_shows_the_real_defaults() -> None:
     raw = tomlkit.parse("\n".join(assigned)).unwrap()
     defaults = Settings().as_dict()
     assert set(raw) == set(defaults) - {"runtimes"}
-    assert settings_from(raw, {}, "packaged").as_dict() == defaults
+    config = os.path.join(str(tmp_path), "config.toml")
+    with open(config, "w") as f:
+        f.write("\n".join(assigned) + "\n")
+    env = {"RUNC_GUARD_CONFIG": config, "RUNC_GUARD_CACHE_DIR": os.path.join(str(tmp_path), "cache")}
+    assert load_settings(env).as_dict() == defaults
 
 
 # -- single file ---------------------------------------------------------------------------
@@ -177,7 +181,7 @@ def test_single_file_hot_path_stays_small(pyz: str, tmp_path: Any) -> None:
            "RUNC_GUARD_CONFIG": str(tmp_path / "none.toml"),
            "RUNC_GUARD_CACHE_DIR": str(tmp_path / "cache")}
     modules = imported_modules([interpreter, "-X", "importtime", *flags, pyz, "state", "c1"], env)
-    assert "runc_guard.shim" in modules
+    assert "runc_guard.shim.entry" in modules
     assert not modules & {*HEAVY, "runpy", "site", "zlib"}
 
 
@@ -571,7 +575,7 @@ def test_installed_deb_removes_cgroups_on_a_slow_delete(installed_deb: str, tmp_
         [DEB_PYTHON, "-I", "-X", "importtime", installed_deb, "--version"],
         {**env, "RUNC_GUARD_RUNTIME": "/bin/true"},
     )
-    assert "runc_guard.shim" in modules
+    assert "runc_guard.shim.entry" in modules
     assert not modules & set(HEAVY)
     result = run_leak_scenario(installed_deb, str(tmp_path), 0.5, env)
     assert result["exit_status"] == 0, result["stderr"]

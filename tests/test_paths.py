@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from runc_guard.cgroupfs import RealCgroupFs
+from runc_guard.delete.cgroupfs import RealCgroupFs
+from runc_guard.delete.paths import CREATED_MARGIN, check_container_paths, check_path, names_container
+from runc_guard.delete.state import ContainerState
 from runc_guard.errors import EXIT_UNSAFE_STATE, UnsafeCgroupPath
-from runc_guard.paths import CREATED_MARGIN, check_container_paths, check_path, names_container
-from runc_guard.state import ContainerState
 from tests.fakes import FakeCgroupFs
 
 MOUNTS = {
@@ -152,7 +152,7 @@ def test_real_tmpfs_is_not_a_cgroup(tmp_path: object) -> None:
 @pytest.mark.kernel
 def test_real_cgroup_mounts_pass() -> None:
     """On the real kernel: a (missing) container path under a real cgroup mount passes."""
-    from runc_guard.cgroupfs import cgroup_mounts
+    from runc_guard.delete.cgroupfs import cgroup_mounts
 
     mounts = cgroup_mounts()
     mount = sorted(mounts)[0]

@@ -8,8 +8,8 @@ import stat
 import pytest
 
 from integration.lab import read_jsonl, read_lines
-from runc_guard import runclog
-from runc_guard.pending import (
+from runc_guard.delete import runclog
+from runc_guard.delete.pending import (
     PendingRecord,
     iter_records,
     read_record,

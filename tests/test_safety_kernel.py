@@ -36,7 +36,7 @@ from integration.lab import (
     wait_for,
 )
 from integration.scenario import guard_env
-from runc_guard.cgroupfs import RealCgroupFs
+from runc_guard.delete.cgroupfs import RealCgroupFs
 
 #: One line per case, shown in the terminal summary (see _SummaryPlugin).
 SUMMARY: list[str] = []
@@ -594,7 +594,7 @@ def test_sigint_mid_wait_prints_no_traceback(shim_binary: str, workdir: str) -> 
 
 
 def _installed(module: str) -> str:
-    """The installed (non-editable) source file the shim imports, e.g. ``runc_guard/shim.py``."""
+    """The installed (non-editable) source file the shim imports, e.g. ``runc_guard/shim/entry.py``."""
     import sysconfig
 
     return os.path.join(sysconfig.get_paths()["purelib"], module)
@@ -682,10 +682,10 @@ needs_strace = pytest.mark.skipif(
 
 @needs_strace
 def test_sigint_while_the_delete_path_loads_prints_no_traceback(shim_binary: str, tmp_path: Any) -> None:
-    """Case 7: SIGINT right after the delete starts (while ``runc_guard.delete`` is imported): the
+    """Case 7: SIGINT right after the delete starts (while ``runc_guard.delete.run`` is imported): the
     shim's note-only handler holds it, the delete honours it first thing: exit 130, one line, no
     traceback, the runtime never ran."""
-    proc = sigint_while_importing(shim_binary, "runc_guard/delete.py", str(tmp_path))
+    proc = sigint_while_importing(shim_binary, "runc_guard/delete/run.py", str(tmp_path))
     assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
     assert proc.returncode == 128 + signal.SIGINT, proc.stderr
     assert proc.stderr.count("\n") == 1 and "interrupted by SIGINT" in proc.stderr
@@ -697,6 +697,6 @@ def test_sigint_while_the_delete_path_loads_prints_no_traceback(shim_binary: str
 @needs_strace
 def test_sigint_while_the_shim_loads_prints_no_traceback(shim_binary: str, tmp_path: Any) -> None:
     """Case 7: SIGINT while the shim itself is imported (right after exec): no traceback, exit 130."""
-    proc = sigint_while_importing(shim_binary, "runc_guard/shim.py", str(tmp_path))
+    proc = sigint_while_importing(shim_binary, "runc_guard/shim/entry.py", str(tmp_path))
     assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
     assert proc.returncode == 128 + signal.SIGINT, proc.stderr

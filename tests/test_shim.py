@@ -172,7 +172,7 @@ def test_hot_path_imports_no_heavy_modules(shim_binary: str, tmp_path: os.PathLi
     imported = {
         line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")
     }
-    assert "runc_guard.shim" in imported
+    assert "runc_guard.shim.entry" in imported
     assert not imported & set(HEAVY), imported & set(HEAVY)
     assert "runc version" in proc.stdout
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import time
 
-from runc_guard.settings_file import DEFAULT_DELETE_TIMEOUT, delete_timeout_of
-from runc_guard.startup import acquire, slots
+from runc_guard.settings import DEFAULT_DELETE_TIMEOUT, load
+from runc_guard.shim.startup import acquire, slots
 
 
 def test_slots_are_taken_and_given_back(tmp_path: object) -> None:
@@ -37,13 +37,23 @@ def test_at_least_two_slots() -> None:
     assert slots() >= 2
 
 
-def test_delete_timeout_is_read_like_the_delete_path() -> None:
-    """Environment over file; a bad value keeps the default (the delete path reports it)."""
-    assert delete_timeout_of({}, {}) == DEFAULT_DELETE_TIMEOUT
-    assert delete_timeout_of({"delete_timeout": 2}, {}) == 2.0
-    assert delete_timeout_of({"delete_timeout": 2}, {"RUNC_GUARD_DELETE_TIMEOUT": "3.5"}) == 3.5
-    for bad in ("soon", True, -1, 10_000):
-        assert delete_timeout_of({"delete_timeout": bad}, {}) == DEFAULT_DELETE_TIMEOUT
+def test_delete_timeout_is_read_like_the_delete_path(tmp_path: object) -> None:
+    """The shim's slot deadline is the delete's own: environment over file; a bad value keeps the
+    default (the delete path reports it)."""
+    config = os.path.join(str(tmp_path), "config.toml")
+    env = {"RUNC_GUARD_CONFIG": config, "RUNC_GUARD_CACHE_DIR": os.path.join(str(tmp_path), "cache")}
+    assert load(env).delete_timeout == DEFAULT_DELETE_TIMEOUT
+    for text, extra, expected in (
+        ("delete_timeout = 2\n", {}, 2.0),
+        ("delete_timeout = 2\n", {"RUNC_GUARD_DELETE_TIMEOUT": "3.5"}, 3.5),
+        ('delete_timeout = "soon"\n', {}, DEFAULT_DELETE_TIMEOUT),
+        ("delete_timeout = true\n", {}, DEFAULT_DELETE_TIMEOUT),
+        ("delete_timeout = -1\n", {}, DEFAULT_DELETE_TIMEOUT),
+        ("delete_timeout = 10000\n", {}, DEFAULT_DELETE_TIMEOUT),
+    ):
+        with open(config, "w") as f:
+            f.write(text)
+        assert load({**env, **extra}).delete_timeout == expected
 
 
 def test_overloaded_delete_steps_aside_to_the_runtime(shim_binary: str, tmp_path: object) -> None:
@@ -53,7 +63,7 @@ def test_overloaded_delete_steps_aside_to_the_runtime(shim_binary: str, tmp_path
     import json
     import subprocess
 
-    from runc_guard.startup import MAX_WAIT
+    from runc_guard.shim.startup import MAX_WAIT
 
     tmp = str(tmp_path)
     cache = os.path.join(tmp, "cache")

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
+from runc_guard.delete.state import MAX_STATE_BYTES, parse_crun_status, parse_state, read_state
 from runc_guard.errors import StateUnreadable
-from runc_guard.state import MAX_STATE_BYTES, parse_crun_status, parse_state, read_state
 
 GOOD = {
     "id": "c1",

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from runc_guard.discovery import ContainerUnit, Discovery, Hierarchy
+from runc_guard.delete.pending import PendingRecord, write_record
 from runc_guard.errors import EXIT_SWEEP_LOCKED, SweepLocked
-from runc_guard.pending import PendingRecord, write_record
-from runc_guard.sweep import (
+from runc_guard.node.discovery import ContainerUnit, Discovery, Hierarchy
+from runc_guard.node.sweep import (
     MIN_SLOWDOWN_STEP,
     RuntimeDirs,
     Sweeper,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from runc_guard import systemd_scope as ss
+from runc_guard.delete import systemd_scope as ss
 
 ID = "0123456789abcdef" * 4
 MEM = "/sys/fs/cgroup/memory"
@@ -515,7 +515,7 @@ def test_doctor_reports_the_driver(tmp_path: Any, monkeypatch: pytest.MonkeyPatc
 
 def test_audit_judges_a_failed_scope_of_a_gone_container_a_problem() -> None:
     """A failed scope the sweep would reset makes the audit say "problem" (NPD exit 1)."""
-    from runc_guard.audit import NPD_OK, NPD_PROBLEM, AuditReport, judge
+    from runc_guard.node.audit import NPD_OK, NPD_PROBLEM, AuditReport, judge
 
     report = AuditReport(["/sys/fs/cgroup/memory"])
     report.failed_scopes = [{"id": ID, "action": "kept:runtime_state", "unit": "u"}]

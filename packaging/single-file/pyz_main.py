@@ -15,7 +15,7 @@ if sys.argv[0].rpartition("/")[2] != "runc-guardctl":
     _noted = []  # SIGTERM/SIGINT/SIGHUP before the shim can act: noted, never a traceback
     for _signum in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
         _signal.signal(_signum, lambda signum, _frame: _noted.append(signum))
-    from runc_guard.shim import main
+    from runc_guard.shim.entry import main
 
     sys.exit(main(_noted))
 

@@ -11,7 +11,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from runc_guard.audit import (
+from runc_guard.cli.scan import runtime_dirs, scan, scan_options
+from runc_guard.delete.cgroupfs import RealCgroupFs, cgroup_mounts
+from runc_guard.errors import NoCgroupHierarchy, RuncGuardError
+from runc_guard.node.audit import (
     DEFAULT_PENDING_MAX_AGE,
     NPD_UNKNOWN,
     AuditReport,
@@ -20,13 +23,10 @@ from runc_guard.audit import (
     fronted_runtime,
     judge,
 )
-from runc_guard.cgroupfs import RealCgroupFs, cgroup_mounts
-from runc_guard.cli.sweep import runtime_dirs, scan, scan_options
-from runc_guard.config import Settings, load_settings_leniently
-from runc_guard.errors import NoCgroupHierarchy, RuncGuardError
+from runc_guard.settings import Settings, load
 
 if TYPE_CHECKING:
-    from runc_guard.metrics import Family
+    from runc_guard.node.metrics import Family
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -92,8 +92,8 @@ def audit_leniently(
     valid keys apply, the rest keep their defaults (as in the delete path), and
     the problem (naming the key) comes back as ``config_error``.
     """
-    settings, problems = load_settings_leniently()
-    config_error = "; ".join(problems) or None
+    settings = load()
+    config_error = "; ".join(settings.problems) or None
     report, code, now = run_audit(
         settings, cgroup_root, kubepods, runtime_root, bundle_root, state_roots,
         orphans, min_age, max_leaked, pending_max_age, config_error,
@@ -109,10 +109,10 @@ def node_families(
     kubepods: tuple[str, ...],
 ) -> list[Family]:
     """Every fresh gauge: settings validity, the audit's view (when it ran) and the kernel's counters."""
-    from runc_guard.cgroupstats import families as kernel_families
-    from runc_guard.cgroupstats import read_kernel
-    from runc_guard.discovery import hierarchies_below
-    from runc_guard.metrics import Family
+    from runc_guard.node.cgroupstats import families as kernel_families
+    from runc_guard.node.cgroupstats import read_kernel
+    from runc_guard.node.discovery import hierarchies_below
+    from runc_guard.node.metrics import Family
 
     out = [
         Family.one(
@@ -141,7 +141,7 @@ def write_metrics(
     output: str | None,
 ) -> str:
     """Fold the shim's stats, add every fresh gauge, write ``output`` atomically; return the text."""
-    from runc_guard.metrics import export
+    from runc_guard.node.metrics import export
 
     gauges = node_families(config_error, report, now, cgroup_root, kubepods)
     return export(settings.stats_file, gauges, now, output)

@@ -1,6 +1,6 @@
 """``runc-guardctl configure containerd``: front containerd's runc handlers with runc-guard.
 
-The change itself is computed purely in ``runc_guard.containerd_config``; this
+The change itself is computed purely in ``runc_guard.node.containerd_config``; this
 module does the file work around it, carefully, because it edits the one file
 a node cannot run pods without:
 
@@ -29,7 +29,6 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +36,7 @@ from typing import Any
 import click
 
 from runc_guard.atomic import write_atomic
-from runc_guard.containerd_config import (
+from runc_guard.node.containerd_config import (
     ConfigFile,
     ContainerdConfigError,
     Plan,
@@ -48,7 +47,8 @@ from runc_guard.containerd_config import (
     with_runtime_mappings,
     without_runtime_mappings,
 )
-from runc_guard.settings_file import config_path
+from runc_guard.settings import config_path
+from runc_guard.shim.runtime import installed_shim
 
 DEFAULT_CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 DEFAULT_RESTART = "systemctl restart containerd"
@@ -320,13 +320,6 @@ def revert(host: Host, main: str, force: bool) -> list[str]:
     return done
 
 
-def _default_binary() -> str:
-    """The runc-guard installed next to this tool, else the one on PATH."""
-    sibling = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "runc-guard")
-    if os.path.exists(sibling):
-        return sibling
-    return shutil.which("runc-guard") or "/usr/bin/runc-guard"
-
 
 def _restart(command: str) -> None:
     click.echo(f"restarting containerd: {command}")
@@ -400,7 +393,7 @@ def containerd(
             click.echo(line)
         _report_restart(restart, restart_command, changed=had_record)
         return
-    binary = binary or _default_binary()
+    binary = binary or installed_shim()
     settings_path = settings_path or config_path(os.environ)
     version = detect_config_version() if config_version == "auto" else int(config_version)
     change = compute_change(

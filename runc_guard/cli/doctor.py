@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from typing import Any
 
 import click
 
-from runc_guard.cgroupfs import cgroup_mounts
-from runc_guard.config import load_settings
+from runc_guard.delete.cgroupfs import cgroup_mounts
 from runc_guard.errors import RuncGuardError
-from runc_guard.runtime import resolve_runtime, runtime_name_for
-from runc_guard.settings_file import config_path, read_settings_file
+from runc_guard.settings import config_path, load, load_settings
+from runc_guard.shim.runtime import installed_shim, resolve_runtime
 
 DEFAULT_CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 DEFAULT_RUNTIME_ROOT = "/run/containerd/runc"
@@ -45,7 +43,7 @@ def configured_drivers(text: str) -> dict[str, str]:
 
 def cgroup_driver_report(containerd_config: str, runtime_root: str) -> tuple[dict[str, Any], list[str]]:
     """Which cgroup driver containers use: containerd's settings and what runc's states say."""
-    from runc_guard import systemd_scope
+    from runc_guard.delete import systemd_scope
 
     problems: list[str] = []
     report: dict[str, Any] = {"systemd_pid1": systemd_scope.systemd_reachable()}
@@ -67,12 +65,6 @@ def cgroup_driver_report(containerd_config: str, runtime_root: str) -> tuple[dic
     return report, problems
 
 
-def _self_path() -> str:
-    """The installed shim next to this tool, so loop detection matches what containerd runs."""
-    sibling = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "runc-guard")
-    return sibling if os.path.exists(sibling) else sys.argv[0]
-
-
 def diagnose(
     invoked_as: str,
     containerd_config: str = DEFAULT_CONTAINERD_CONFIG,
@@ -89,9 +81,8 @@ def diagnose(
         problems.append(str(exc))
         settings = None
     try:
-        raw = read_settings_file(config_path(os.environ), None)
-        name = runtime_name_for(invoked_as, raw, os.environ)
-        runtime = resolve_runtime(name, _self_path(), os.environ)
+        name = load(os.environ).runtime_for(invoked_as)
+        runtime = resolve_runtime(name, installed_shim(), os.environ)
         report["runtime"] = runtime
         version = subprocess.run(
             [runtime, "--version"], capture_output=True, text=True, timeout=10, check=False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from runc_guard.cli.audit import audit_leniently, judge_options, write_metrics
-from runc_guard.cli.sweep import scan_options
+from runc_guard.cli.scan import scan_options
 
 
 @click.command(name="metrics", short_help="Write Prometheus metrics for node_exporter's textfile collector.")

@@ -8,37 +8,30 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
-from runc_guard.cgroupfs import RealCgroupFs, cgroup_mounts
-from runc_guard.config import Settings, load_settings
-from runc_guard.discovery import DEFAULT_KUBEPODS, Discovery, check_kubepods_name, discover
-from runc_guard.orphans import DEFAULT_FLAT_ROOTS, DEFAULT_REDRIVE_TIMEOUT, Orphans, live_shim_ids
-from runc_guard.pacing import PACING_MODES, PacingSettings
-from runc_guard.sweep import (
+from runc_guard.cli.scan import F, runtime_dirs, scan, scan_options
+from runc_guard.delete.cgroupfs import RealCgroupFs
+from runc_guard.node.orphans import DEFAULT_REDRIVE_TIMEOUT
+from runc_guard.node.pacing import PACING_MODES, PacingSettings
+from runc_guard.node.sweep import (
     DEFAULT_BATCH,
-    DEFAULT_BUNDLE_ROOT,
     DEFAULT_MAX_SLOWDOWN,
     DEFAULT_MAX_SYS_PERCENT,
-    DEFAULT_MIN_AGE,
     DEFAULT_PAUSE,
-    DEFAULT_RUNTIME_ROOT,
-    RuntimeDirs,
     Sweeper,
     SweepOptions,
     SweepReport,
     sweep_lock,
 )
-
-F = TypeVar("F", bound=Callable[..., Any])
-
+from runc_guard.settings import Settings, load_settings
 
 # -- pacing options (docs/sweep-pacing.md) -------------------------------------------
-#: The mode used when --pacing is not given. adaptive met the 60 s target (41-48 s) but
-#: not the probe's p99 <= 2x idle on the shared benchmark machine (docs/sweep-pacing.md),
-#: so the proven fixed pace stays the default until it does.
+#: The mode used when --pacing is not given. adaptive met the 60 s target (41-53 s) but
+#: not the probe's p99 <= 2x idle on a 2-core node (docs/sweep-pacing.md), so the
+#: proven fixed pace stays the default until it does.
 DEFAULT_PACING = "fixed"
 _PACING_DEFAULTS = PacingSettings()
 
@@ -73,85 +66,6 @@ def pacing_fields(pacing: str, canary_ratio: float, max_batch: int) -> dict[str,
 
 
 # -- end of pacing options -----------------------------------------------------------
-
-
-def _kubepods(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
-    try:
-        return tuple(check_kubepods_name(v) for v in value) or DEFAULT_KUBEPODS
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
-def scan_options(func: F) -> F:
-    """Where to look: shared by sweep, audit and metrics so they always agree on "leaked"."""
-    options = [
-        click.option("--cgroup-root", default="/sys/fs/cgroup", show_default=True,
-                     type=click.Path(file_okay=False),
-                     help="Look at every cgroup hierarchy mounted at or below this directory."),
-        click.option("--kubepods", "kubepods", multiple=True, callback=_kubepods,
-                     metavar="NAME",
-                     help="Top-level pod tree inside each hierarchy, relative; repeatable. "
-                          "[default: kubepods and kubepods.slice]"),
-        click.option("--runtime-root", default=DEFAULT_RUNTIME_ROOT, show_default=True,
-                     type=click.Path(file_okay=False),
-                     help="runc's state root holding <namespace>/<id>: a container with state is kept."),
-        click.option("--bundle-root", default=DEFAULT_BUNDLE_ROOT, show_default=True,
-                     type=click.Path(file_okay=False),
-                     help="containerd's task bundles <namespace>/<id>: a container with a bundle is kept."),
-        click.option("--state-root", "state_roots", multiple=True,
-                     default=DEFAULT_FLAT_ROOTS, show_default=True, type=click.Path(file_okay=False),
-                     help="Flat runtime state root holding <id> (runc's /run/runc, crun's /run/crun); "
-                          "repeatable. State there keeps its container like --runtime-root's."),
-        click.option("--orphans/--no-orphans", default=True, show_default=True,
-                     help="Judge runtime state whose init is dead, with no containerd bundle and no "
-                          "live shim: an orphan (sweep re-runs the runtime's delete --force, audit "
-                          "reports it). --no-orphans: any runtime state keeps its container."),
-        click.option("--min-age", default=DEFAULT_MIN_AGE, show_default=True,
-                     type=click.FloatRange(min=0), metavar="SECONDS",
-                     help="Keep cgroups and runtime state younger than this (a container being "
-                          "created has its cgroup before its runtime state)."),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
-
-
-def runtime_dirs(
-    settings: Settings,
-    runtime_root: str,
-    bundle_root: str,
-    state_roots: tuple[str, ...],
-    orphans: bool,
-    redrive_timeout: float = DEFAULT_REDRIVE_TIMEOUT,
-) -> RuntimeDirs:
-    """Where runtime state and bundles live, and (``orphans``) how orphaned state is judged and re-driven."""
-    plain = RuntimeDirs(runtime_root, bundle_root, tuple(state_roots))
-    if not orphans:
-        return plain
-    judge = Orphans(
-        roots=(runtime_root, *state_roots),
-        has_bundle=plain.has_bundle,
-        configured_runtime=settings.runtime,
-        mounts=cgroup_mounts,
-        shims=live_shim_ids(),
-        timeout=redrive_timeout,
-    )
-    return RuntimeDirs(runtime_root, bundle_root, tuple(state_roots), judge)
-
-
-def scan(
-    settings: Settings,
-    cgroup_root: str,
-    kubepods: tuple[str, ...],
-    fs: RealCgroupFs,
-    runtime: RuntimeDirs,
-    min_age: float,
-) -> Discovery:
-    """Find every container unit below the kubepods trees, the shim's pending records and orphaned state."""
-    states = None
-    if runtime.orphans is not None:
-        states = (runtime.orphans.scan(), time.time(), min_age)
-    return discover(cgroup_root, kubepods, settings.pending_dir, fs, cgroup_mounts(), states)
 
 
 def _print_text(report: SweepReport) -> None:
@@ -284,25 +198,24 @@ def sweep(
         with sweep_lock(lock):
             report = sweeper.run(discovery)
         _count(settings, report)
-        _send_spooled()
+        _send_spooled(settings)
     if fmt == "json":
         click.echo(json.dumps(report.as_dict(), indent=1, sort_keys=True))
     else:
         _print_text(report)
 
 
-def _send_spooled() -> None:
+def _send_spooled(settings: Settings) -> None:
     """Send delete entries a reporter never got to (it was killed, or fork failed)."""
     from runc_guard.logs import drain_spool
-    from runc_guard.report import spool_dir
-    from runc_guard.settings_file import cache_dir
+    from runc_guard.spool import spool_dir
 
-    drain_spool(spool_dir(cache_dir(os.environ)), linger=0)
+    drain_spool(spool_dir(settings.cache_dir), linger=0)
 
 
 def _count(settings: Settings, report: SweepReport) -> None:
     """Add the sweep to the metrics counters; a failure here must not fail the sweep."""
-    from runc_guard.metrics import add_sweep, state_path
+    from runc_guard.node.metrics import add_sweep, state_path
 
     try:
         add_sweep(state_path(settings.stats_file), report.as_dict(), time.time())

@@ -23,7 +23,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from runc_guard.metrics import Family
+from runc_guard.node.metrics import Family
 
 PROC_CGROUPS = "/proc/cgroups"
 #: A v1 kubepods walk stops here: the incident's 8147 x 1 per hierarchy is well inside.

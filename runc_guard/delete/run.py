@@ -30,25 +30,20 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from runc_guard import runclog
-from runc_guard.argv import Invocation
-from runc_guard.cgroupfs import CgroupFsOps, RealCgroupFs, cgroup_mounts
-from runc_guard.cleanup import CleanupReport, drain, live_pids
-from runc_guard.config import Settings, lenient_settings
-from runc_guard.errors import (
-    EXIT_CGROUP_BUSY,
-    EXIT_INTERNAL,
+from runc_guard.atomic import append_line
+from runc_guard.delete import runclog
+from runc_guard.delete.cgroupfs import CgroupFsOps, RealCgroupFs, cgroup_mounts
+from runc_guard.delete.cleanup import (
     CgroupBusy,
     CgroupRemovalFailed,
+    CleanupReport,
     ForeignProcess,
-    Interrupted,
-    RuntimeDeadline,
-    StateMissing,
-    StateUnreadable,
-    UnsafeCgroupPath,
+    drain,
+    live_pids,
 )
-from runc_guard.paths import check_container_paths, check_path
-from runc_guard.pending import (
+from runc_guard.delete.outcomes import ALREADY_GONE, REMOVED, UNKNOWN, WARNING_OUTCOMES
+from runc_guard.delete.paths import check_container_paths, check_path
+from runc_guard.delete.pending import (
     BUSY,
     PendingRecord,
     claim,
@@ -57,11 +52,9 @@ from runc_guard.pending import (
     remove_record,
     write_record,
 )
-from runc_guard.procinfo import init_alive, start_wall_time, started_monotonic
-from runc_guard.report import EventLog, detach_reporter, spool_dir, write_spool
-from runc_guard.runtime import RuntimeRun, run_runtime_child
-from runc_guard.settings_file import cache_dir, config_path, first_report
-from runc_guard.state import (
+from runc_guard.delete.report import EventLog, deliver
+from runc_guard.delete.runtime_child import RuntimeRun, run_runtime_child
+from runc_guard.delete.state import (
     PID_HOST,
     PID_JOINED,
     PID_PRIVATE,
@@ -69,6 +62,19 @@ from runc_guard.state import (
     read_state,
     runtime_state_exists,
 )
+from runc_guard.errors import (
+    EXIT_CGROUP_BUSY,
+    EXIT_INTERNAL,
+    Interrupted,
+    RuntimeDeadline,
+    StateMissing,
+    StateUnreadable,
+    UnsafeCgroupPath,
+)
+from runc_guard.procinfo import init_alive, start_wall_time, started_monotonic
+from runc_guard.settings import Settings, first_report
+from runc_guard.shim.argv import Invocation
+from runc_guard.spool import spool_dir
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs ~2.5 ms of every delete's start-up
@@ -170,7 +176,7 @@ class DeleteRun:
         entry["pending_record"] = self.record if os.path.exists(self.record or "") else None
         if end.reason:
             entry["reason"] = end.reason
-        if end.outcome == "unknown":
+        if end.outcome == UNKNOWN:
             self.log.debug("delete", **entry)  # nothing happened: no entry at info, no metric
             return end.status
         getattr(self.log, _level(end))("delete", **entry)
@@ -232,7 +238,7 @@ class DeleteRun:
                 raise Outcome("deadline", EXIT_CGROUP_BUSY, self._busy_reason(), True)
             record = find_record(self.settings.pending_dir, self.root, self.container_id)
             if record is None:
-                raise Outcome("unknown", self._run_runtime(None).status, reason)
+                raise Outcome(UNKNOWN, self._run_runtime(None).status, reason)
             run = self._run_runtime(self.deadline)
             self.record = record_path(self.settings.pending_dir, self.root, self.container_id)
             paths = self._checked_record_paths(record)
@@ -336,7 +342,7 @@ class DeleteRun:
         # "removed": runc-guard had work to do (waited for or killed processes, or removed
         # directories itself); "already_gone": the runtime alone left nothing behind.
         worked = self.waited or bool(report.removed) or bool(report.killed) or report.attempts > 1
-        return ("removed" if worked else "already_gone", run.status, "")
+        return (REMOVED if worked else ALREADY_GONE, run.status, "")
 
     def _scope_unit(self, state: ContainerState) -> str | None:
         """The container's systemd scope unit when runc's systemd driver made its cgroups.
@@ -346,7 +352,7 @@ class DeleteRun:
         """
         if not state.systemd:
             return None
-        from runc_guard.systemd_scope import scope_unit_name
+        from runc_guard.delete.systemd_scope import scope_unit_name
 
         unit = scope_unit_name(state.systemd_name, state.scope_prefix)
         if unit is not None:
@@ -361,7 +367,7 @@ class DeleteRun:
         is waited for within our deadline. Still busy at the deadline: exit 75 with
         the record kept, before containerd's kill; no systemd to ask: nothing changes.
         """
-        from runc_guard.systemd_scope import STILL_BUSY, settle
+        from runc_guard.delete.systemd_scope import STILL_BUSY, settle
 
         def empty() -> bool:
             return not any(live_pids(p, self.fs) for p in paths if self.fs.exists(p))
@@ -531,8 +537,6 @@ class DeleteRun:
         raise AssertionError("every delete ends with an Outcome")  # pragma: no cover
 
 
-#: Outcomes where the runtime decided, not runc-guard: worth a look, not an alarm.
-_WARNING_OUTCOMES = frozenset({"stepped_aside", "runtime_failed", "state_kept", "no_state"})
 
 
 def _level(end: Outcome) -> str:
@@ -542,7 +546,7 @@ def _level(end: Outcome) -> str:
     """
     if end.failed:
         return "error"
-    return "warning" if end.outcome in _WARNING_OUTCOMES else "info"
+    return "warning" if end.outcome in WARNING_OUTCOMES else "info"
 
 
 def _state_ids(root: str) -> list[str]:
@@ -553,7 +557,7 @@ def _state_ids(root: str) -> list[str]:
 
 
 def _sibling_invocation(parent: Invocation, container_id: str) -> Invocation:
-    from runc_guard.argv import parse
+    from runc_guard.shim.argv import parse
 
     return parse([*parent.global_args(with_log=False), "delete", "--force", container_id])
 
@@ -583,40 +587,29 @@ def append_stats(stats_file: str, outcome: str, entry: Mapping[str, Any]) -> Non
             "cpu_ms": entry.get("cpu_ms", 0),
         }
     )
-    try:
-        os.makedirs(os.path.dirname(stats_file), mode=0o755, exist_ok=True)
-        fd = os.open(stats_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, line.encode() + b"\n")
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+    append_line(stats_file, line + "\n", make_dirs=True)
 
 
 def run_delete(
     invocation: Invocation,
     args: list[str],
     runtime: str,
-    raw: Mapping[str, object],
-    config_problem: str | None,
+    settings: Settings,
     environ: Mapping[str, str],
     early_signals: Sequence[int] = (),
 ) -> int:
     """The shim's delete path; the error boundary for everything after argv parsing.
 
     A settings problem never changes how the delete ends: valid keys apply,
-    invalid ones keep their defaults, and the problem is reported once per
-    version of the file (journal; metrics, doctor and audit read the file too).
+    invalid ones keep their defaults (``settings.load``), and each problem is
+    reported once per version of the file (journal; metrics, doctor and audit
+    read the file too).
     """
-    settings, problems = lenient_settings(raw, environ, config_path(environ))
-    if config_problem is not None:
-        problems.insert(0, config_problem)
     run: DeleteRun | None = None
     try:
         run = DeleteRun(invocation, args, runtime, settings, started=started_monotonic())
-        for problem in problems:
-            if first_report(cache_dir(environ), config_path(environ), problem):
+        for problem in settings.problems:
+            if first_report(settings.cache_dir, settings.config_file, problem):
                 run.log.error("config_invalid", reason=problem)
         status = run.run(early_signals)
     except Exception as exc:  # noqa: BLE001 - the boundary: no traceback may reach containerd
@@ -635,28 +628,5 @@ def run_delete(
             status = run.finish(Outcome("internal_error", EXIT_INTERNAL, reason, True))
         except Exception:  # noqa: BLE001 - reporting itself failed: the status still stands
             status = EXIT_INTERNAL
-    deliver(run.log, settings, spool_dir(cache_dir(environ)))
+    deliver(run.log, settings, spool_dir(settings.cache_dir))
     return status
-
-
-def deliver(log: EventLog, settings: Settings, directory: str) -> None:
-    """Spool this delete's entries and leave the sending to a detached reporter.
-
-    The verdict is final and stderr/``--log``/the stats line are written: what
-    is left is for an operator, not for containerd. No spool (full or
-    read-only /run): send now, on the caller's time, rather than lose them.
-    """
-    if not log.entries:
-        return
-    sink = {"journal_socket": settings.journal_socket, "log_file": settings.log_file}
-    try:
-        write_spool(directory, log.entries, sink)
-    except OSError:
-        try:
-            from runc_guard.logs import send_entries
-
-            send_entries(log.entries, (settings.journal_socket, settings.log_file))
-        except Exception:  # noqa: BLE001 - logging never changes the status
-            pass
-        return
-    detach_reporter(directory, settings.reporter_linger)

@@ -10,8 +10,9 @@ logrus text. runc 1.1 deletes nothing here, but containerd removes the bundle
 from __future__ import annotations
 
 import json
-import os
 import time
+
+from runc_guard.atomic import append_line
 
 
 def _timestamp() -> str:
@@ -27,16 +28,4 @@ def format_line(level: str, msg: str, log_format: str) -> str:
 
 def append(log_path: str | None, level: str, msg: str, log_format: str) -> bool:
     """Append to ``log_path``; False if there is none or it cannot be written."""
-    if not log_path:
-        return False
-    try:
-        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError:
-        return False
-    try:
-        os.write(fd, format_line(level, msg, log_format).encode())
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+    return bool(log_path) and append_line(log_path or "", format_line(level, msg, log_format))

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from runc_guard.cgroupfs import CgroupFsOps
+from runc_guard.delete.cgroupfs import CgroupFsOps
 
 #: What ``--pacing`` accepts: the old fixed batch + pause, or the feedback loop.
 PACING_MODES = ("fixed", "adaptive")

@@ -1,4 +1,4 @@
-"""Settings: defaults, file, RUNC_GUARD_* overrides, validation and the start-up cache."""
+"""Settings: defaults, file, RUNC_GUARD_* overrides, validation, routing fallback and the start-up cache."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import sys
 
 import pytest
 
-from runc_guard.config import DEFAULT_DELETE_TIMEOUT, Settings, load_settings, settings_from
 from runc_guard.errors import EXIT_CONFIG, ConfigError
-from runc_guard.settings_file import read_settings_file
+from runc_guard.settings import DEFAULT_DELETE_TIMEOUT, Settings, load, load_settings, read_settings_file
 
 
 def env_for(tmp_path: os.PathLike[str], text: str | None = None, **extra: str) -> dict[str, str]:
@@ -68,10 +67,45 @@ def test_bad_environment_value(tmp_path: os.PathLike[str]) -> None:
         load_settings(env_for(tmp_path, RUNC_GUARD_POLL_INTERVAL="fast"))
 
 
-def test_runtimes_from_environment() -> None:
-    """RUNC_GUARD_RUNTIMES takes name=runtime pairs."""
-    settings = settings_from({}, {"RUNC_GUARD_RUNTIMES": "a=runc,b=/usr/bin/crun"}, "t")
+def test_runtimes_from_environment(tmp_path: os.PathLike[str]) -> None:
+    """RUNC_GUARD_RUNTIMES takes name=runtime pairs, and routing honours them."""
+    settings = load_settings(env_for(tmp_path, RUNC_GUARD_RUNTIMES="a=runc,b=/usr/bin/crun"))
     assert settings.runtimes == {"a": "runc", "b": "/usr/bin/crun"}
+    assert (settings.runtime_for("b"), settings.runtime_for("runc-guard")) == ("/usr/bin/crun", "runc")
+
+
+def test_invoked_name_wins_over_runtime(tmp_path: os.PathLike[str]) -> None:
+    """[runtimes] by the invoked name, then RUNC_GUARD_RUNTIME over the file's runtime."""
+    env = env_for(tmp_path, 'runtime = "crun"\n[runtimes]\nrunc-guard-nvidia = "nvidia-container-runtime"\n',
+                  RUNC_GUARD_RUNTIME="/opt/runc")
+    settings = load(env)
+    assert settings.runtime_for("runc-guard-nvidia") == "nvidia-container-runtime"
+    assert settings.runtime_for("runc-guard") == "/opt/runc"
+
+
+def test_lenient_load_keeps_defaults_and_lists_problems(tmp_path: os.PathLike[str]) -> None:
+    """load (the shim's and the delete's) never raises: a bad key keeps its default, named in problems."""
+    settings = load(env_for(tmp_path, 'delete_timeout = "soon"\nkill_stragglers = false\n'))
+    assert (settings.delete_timeout, settings.kill_stragglers) == (DEFAULT_DELETE_TIMEOUT, False)
+    assert len(settings.problems) == 1 and "delete_timeout" in settings.problems[0]
+    assert settings.routing_problem is None
+
+
+def test_broken_routing_uses_the_last_good_version(tmp_path: os.PathLike[str]) -> None:
+    """A file that stops parsing (or whose routing turns invalid) routes by its last good version;
+    with no such version only the default names may be routed."""
+    env = env_for(tmp_path, '[runtimes]\nrunc-guard-nvidia = "nvidia-container-runtime"\n')
+    assert load(env).runtime_for("runc-guard-nvidia") == "nvidia-container-runtime"
+    for broken in ("[runtimes\n", "runtimes = 3\n"):
+        with open(env["RUNC_GUARD_CONFIG"], "w") as f:
+            f.write(broken)
+        settings = load(env)
+        assert settings.routing_from_last_good and "last good version" in str(settings.routing_problem)
+        assert settings.runtime_for("runc-guard-nvidia") == "nvidia-container-runtime"
+        assert settings.routing_problem in settings.problems
+    fresh = load(env_for(tmp_path, "runtime = 3\n", RUNC_GUARD_CACHE_DIR=os.path.join(tmp_path, "c2")))
+    assert fresh.routing_problem is not None and not fresh.routing_from_last_good
+    assert fresh.runtime == "runc"
 
 
 def test_unreadable_file(tmp_path: os.PathLike[str]) -> None:
@@ -97,7 +131,7 @@ def test_cache_hit_does_not_import_tomllib(tmp_path: os.PathLike[str]) -> None:
     """A warm cache keeps tomllib (~10 ms) off the shim's start-up."""
     env = env_for(tmp_path, 'runtime = "a"\n')
     code = (
-        "import sys; from runc_guard.settings_file import read_settings_file as r;"
+        "import sys; from runc_guard.settings import read_settings_file as r;"
         f"r({env['RUNC_GUARD_CONFIG']!r}, {env['RUNC_GUARD_CACHE_DIR']!r});"
         "print('tomllib' in sys.modules)"
     )

@@ -22,7 +22,7 @@ A handler whose BinaryName already names another runc-compatible runtime (e.g.
 ``nvidia-container-runtime``) keeps that runtime: containerd runs runc-guard
 through a per-handler name (``runc-guard-<handler>``, a symlink to runc-guard
 next to it) and runc-guard's ``[runtimes]`` table maps that name to the old
-BinaryName (``runc_guard.runtime.runtime_name_for``). The chain becomes
+BinaryName (``Settings.runtime_for``). The chain becomes
 shim -> runc-guard -> nvidia-container-runtime -> runc.
 """
 

@@ -375,7 +375,7 @@ class ScopeListing:
 
 def container_id_of_unit(unit: str) -> str | None:
     """The container id a ``cri-containerd-``/``docker-``/``crio-<64 hex>.scope`` unit names."""
-    from runc_guard.discovery import container_id_of
+    from runc_guard.delete.paths import container_id_of
 
     return container_id_of(unit)
 

@@ -18,11 +18,11 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from runc_guard.cgroupfs import CgroupFsOps
+from runc_guard.delete.cgroupfs import CgroupFsOps
+from runc_guard.delete.paths import check_path, container_id_of
+from runc_guard.delete.pending import iter_records
 from runc_guard.errors import NoCgroupHierarchy, UnsafeCgroupPath
-from runc_guard.orphans import ORPHAN, StateFacts, judge
-from runc_guard.paths import check_path
-from runc_guard.pending import iter_records
+from runc_guard.node.orphans import ORPHAN, StateFacts, judge
 
 #: Where kubelet puts pods at the top of each hierarchy, per cgroup driver.
 DEFAULT_KUBEPODS = ("kubepods", "kubepods.slice")
@@ -30,17 +30,7 @@ DEFAULT_KUBEPODS = ("kubepods", "kubepods.slice")
 #: same depth. 6 leaves room for nesting (kind, nested kubelets) and bounds the walk.
 MAX_DEPTH = 6
 
-_BARE_ID = re.compile(r"^[0-9a-f]{64}$")
-_SCOPE_ID = re.compile(r"^(?:cri-containerd|docker|crio)-([0-9a-f]{64})\.scope$")
 _POD = re.compile(r"pod([0-9a-fA-F_-]{8,})(?:\.slice)?$")
-
-
-def container_id_of(name: str) -> str | None:
-    """The container id a directory name stands for, or None if it is not a container cgroup."""
-    if _BARE_ID.match(name):
-        return name
-    match = _SCOPE_ID.match(name)
-    return match.group(1) if match else None
 
 
 def pod_uid_of(pod: str) -> str | None:

@@ -27,10 +27,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from runc_guard.argv import valid_container_id
+from runc_guard.delete.state import read_state
 from runc_guard.errors import RuncGuardError
 from runc_guard.procinfo import init_alive
-from runc_guard.state import read_state
+from runc_guard.shim.argv import valid_container_id
 
 #: Flat state roots (``<root>/<id>``): runc's and crun's defaults when run by hand or by CRI-O/podman.
 DEFAULT_FLAT_ROOTS = ("/run/runc", "/run/crun")
@@ -292,7 +292,7 @@ def redrive(state: StateDir, runtime_path: str, timeout: float) -> Redrive:
 
 def resolve(name: str, environ: Mapping[str, str]) -> str:
     """The runtime's absolute path, never runc-guard itself (an install may shadow ``runc``)."""
-    from runc_guard.runtime import resolve_runtime
+    from runc_guard.shim.runtime import resolve_runtime
 
     me = shutil.which("runc-guard", path=environ.get("PATH")) or os.path.join(
         os.path.dirname(sys.executable), "runc-guard"

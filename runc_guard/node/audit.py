@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from runc_guard.cgroupfs import CgroupFsOps
-from runc_guard.discovery import Discovery, pod_uid_of
-from runc_guard.metrics import Family
-from runc_guard.orphans import ORPHAN, VERDICTS
-from runc_guard.orphans import judge as judge_state
-from runc_guard.sweep import RuntimeDirs, decide, read_facts
-from runc_guard.systemd_scope import release_failed_scopes
+from runc_guard.delete.cgroupfs import CgroupFsOps
+from runc_guard.delete.systemd_scope import release_failed_scopes
+from runc_guard.node.discovery import Discovery, pod_uid_of
+from runc_guard.node.metrics import Family
+from runc_guard.node.orphans import ORPHAN, VERDICTS
+from runc_guard.node.orphans import judge as judge_state
+from runc_guard.node.sweep import RuntimeDirs, decide, read_facts
 
 NPD_OK = 0
 NPD_PROBLEM = 1
@@ -100,15 +98,13 @@ def runtime_entries(root: str, now: float, min_age: float) -> set[str]:
 def fronted_runtime(environ: Mapping[str, str]) -> dict[str, str]:
     """The runtime the shim would exec (as doctor resolves it) and its ``--version`` line."""
     from runc_guard.errors import RuncGuardError
-    from runc_guard.runtime import resolve_runtime, runtime_name_for
-    from runc_guard.settings_file import config_path, read_settings_file
+    from runc_guard.settings import load
+    from runc_guard.shim.runtime import installed_shim, resolve_runtime
 
     info: dict[str, str] = {}
     try:
-        raw = read_settings_file(config_path(dict(environ)), None)
-        info["name"] = runtime_name_for("runc-guard", raw, environ)
-        self_path = shutil.which("runc-guard") or sys.argv[0]
-        info["path"] = resolve_runtime(info["name"], self_path, environ)
+        info["name"] = load(environ).runtime_for("runc-guard")
+        info["path"] = resolve_runtime(info["name"], installed_shim(), environ)
         done = subprocess.run(
             [info["path"], "--version"], capture_output=True, text=True, timeout=10, check=False
         )

@@ -12,7 +12,7 @@ kernel's css teardown after it runs in workqueues that take it too; deleting
 removals go in batches with a pause in between, and while the node's system
 CPU time (``/proc/stat``, via psutil) stays above a limit the pause grows.
 With ``pacing="adaptive"`` the batch and pause follow what the node feels
-instead (runc_guard/pacing.py: canary mkdir+rmdir, rmdir latency, PSI, sys%).
+instead (runc_guard/node/pacing.py: canary mkdir+rmdir, rmdir latency, PSI, sys%).
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from runc_guard.cgroupfs import CgroupFsOps
-from runc_guard.cleanup import CleanupReport, attempt_removal, subtree_leaf_first
-from runc_guard.discovery import ContainerUnit, Discovery
-from runc_guard.errors import CgroupRemovalFailed, SweepLocked
-from runc_guard.orphans import ORPHAN, Orphans, StateFacts, judge
-from runc_guard.pacing import NodeSignals, Pacer, PacingSettings, RmdirTimer, percentile, real_signals
-from runc_guard.pending import remove_record
-from runc_guard.systemd_scope import release_failed_scopes
+from runc_guard.delete.cgroupfs import CgroupFsOps
+from runc_guard.delete.cleanup import CgroupRemovalFailed, CleanupReport, attempt_removal, subtree_leaf_first
+from runc_guard.delete.pending import remove_record
+from runc_guard.delete.systemd_scope import release_failed_scopes
+from runc_guard.errors import SweepLocked
+from runc_guard.node.discovery import ContainerUnit, Discovery
+from runc_guard.node.orphans import ORPHAN, Orphans, StateFacts, judge
+from runc_guard.node.pacing import NodeSignals, Pacer, PacingSettings, RmdirTimer, percentile, real_signals
 
 DEFAULT_RUNTIME_ROOT = "/run/containerd/runc"
 DEFAULT_BUNDLE_ROOT = "/run/containerd/io.containerd.runtime.v2.task"
@@ -216,7 +216,7 @@ class SweepOptions:
     max_slowdown: float = DEFAULT_MAX_SLOWDOWN
     dry_run: bool = False
     #: "fixed": ``batch`` dirs then ``pause`` s (slowed while sys% is high);
-    #: "adaptive": runc_guard.pacing decides both from what the node feels.
+    #: "adaptive": runc_guard.node.pacing decides both from what the node feels.
     pacing: str = "fixed"
     pacing_settings: PacingSettings = field(default_factory=PacingSettings)
 

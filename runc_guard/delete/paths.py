@@ -22,9 +22,9 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 
-from runc_guard.cgroupfs import CGROUP_MAGICS, CgroupFsOps
+from runc_guard.delete.cgroupfs import CGROUP_MAGICS, CgroupFsOps
+from runc_guard.delete.state import ContainerState
 from runc_guard.errors import UnsafeCgroupPath
-from runc_guard.state import ContainerState
 from runc_guard.values import Value
 
 #: Final components that belong to kubelet's pod and QoS levels, never to a container.
@@ -78,6 +78,11 @@ def check_path(path: str, fs: CgroupFsOps, mounts: Mapping[str, str]) -> str:
     return relative
 
 
+#: kubelet's container cgroups: the 64-hex id, bare (cgroupfs driver) or in a scope
+#: (systemd driver: ``cri-containerd-<id>.scope``, ``docker-``, ``crio-``).
+_BARE_ID = re.compile(r"^[0-9a-f]{64}$")
+_SCOPE_ID = re.compile(r"^(?:cri-containerd|docker|crio)-([0-9a-f]{64})\.scope$")
+
 #: A directory modified this long before the container's init started is taken to
 #: have existed before the container (clock ticks, wall-clock steps, scheduling).
 CREATED_MARGIN = 1.0
@@ -97,6 +102,15 @@ class Ownership(Value):
 
     def __init__(self, paths: list[str], step_aside: str | None = None) -> None:
         self._init(locals())
+
+
+def container_id_of(name: str) -> str | None:
+    """The container id a directory name stands for, or None if it is not a container cgroup."""
+    if _BARE_ID.match(name):
+        return name
+    match = _SCOPE_ID.match(name)
+    return match.group(1) if match else None
+
 
 
 def names_container(name: str, container_id: str, patterns: Sequence[str] = ()) -> bool:

@@ -32,28 +32,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from runc_guard.atomic import write_atomic
+from runc_guard.delete.outcomes import OUTCOMES
+from runc_guard.node.sweep import KEEP_REASONS
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
 #: Delete wait-time buckets in seconds: the default delete budget is 4 s (between the 3 and 5 s buckets).
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
-#: The shim's outcomes (delete.py), rendered even at zero so rate() works from the start.
-OUTCOMES = (
-    "removed",
-    "already_gone",
-    "deadline",
-    "rmdir_failed",
-    "interrupted",
-    "refused",
-    "runtime_failed",
-    "no_state",
-    "stepped_aside",
-    "state_kept",
-    "record_finished",
-    "internal_error",
-)
-SWEEP_KEEP_REASONS = ("unsafe_path", "populated", "runtime_state", "bundle", "too_young", "busy")
 #: Counters the sweep adds up (key in the state, help text).
 SWEEP_COUNTERS = (
     ("runs", "Sweeps run (not dry runs)."),
@@ -324,7 +310,7 @@ class CountersCollector:
             "Container cgroups the sweep left in place, by reason.",
             labels=["reason"],
         )
-        for reason, count in sorted((dict.fromkeys(SWEEP_KEEP_REASONS, 0) | dict(sweep["kept"])).items()):
+        for reason, count in sorted((dict.fromkeys(KEEP_REASONS, 0) | dict(sweep["kept"])).items()):
             kept.add_metric([reason], count)
         yield kept
         yield GaugeMetricFamily(

@@ -16,21 +16,17 @@ sends it; at worst twice). Stdlib only.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Mapping
 
-from runc_guard.atomic import write_atomic
+from runc_guard.spool import try_lock, write_spool
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from runc_guard.settings import Settings
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
-#: Files of the spool end in this; the lock and temp files do not.
-SUFFIX = ".entries"
-LOCK = ".reporter.lock"
-
-
-def spool_dir(cache_dir: str) -> str:
-    return os.path.join(cache_dir, "spool")
 
 
 def _timestamp() -> str:
@@ -72,28 +68,6 @@ class EventLog:
 
     def error(self, event: str, **fields: object) -> None:
         self._add("error", event, fields)
-
-
-def write_spool(directory: str, entries: list[dict[str, object]], sink: Mapping[str, str]) -> str:
-    """One file per delete: the entries and where they go (journal socket, fallback file).
-
-    Not fsync'd: the spool lives on a tmpfs (/run) like the journal's own
-    runtime files, and a file half-written is never seen (rename). Raises OSError.
-    """
-    name = f"{time.time_ns():020d}-{os.getpid()}{SUFFIX}"
-    path = os.path.join(directory, name)
-    data = json.dumps({"sink": dict(sink), "entries": entries}, default=str).encode()
-    write_atomic(path, data, mode=0o600, durable=False, dir_mode=0o700)
-    return path
-
-
-def pending_files(directory: str) -> list[str]:
-    """The spool's entry files, oldest first."""
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    return [os.path.join(directory, n) for n in sorted(names) if n.endswith(SUFFIX)]
 
 
 def detach_reporter(directory: str, linger: float) -> int:
@@ -141,24 +115,31 @@ def detach_reporter(directory: str, linger: float) -> int:
     os._exit(status)
 
 
-def try_lock(directory: str) -> int | None:
-    """The spool's reporter lock (flock), or None if another reporter holds it."""
-    import fcntl
-
-    try:
-        fd = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
-
-
 def _max_fd() -> int:
     try:
         return os.sysconf("SC_OPEN_MAX")
     except (OSError, ValueError):
         return 1024
+
+
+def deliver(log: EventLog, settings: Settings, directory: str) -> None:
+    """Spool this delete's entries and leave the sending to a detached reporter.
+
+    The verdict is final and stderr/``--log``/the stats line are written: what
+    is left is for an operator, not for containerd. No spool (full or
+    read-only /run): send now, on the caller's time, rather than lose them.
+    """
+    if not log.entries:
+        return
+    sink = {"journal_socket": settings.journal_socket, "log_file": settings.log_file}
+    try:
+        write_spool(directory, log.entries, sink)
+    except OSError:
+        try:
+            from runc_guard.logs import send_entries
+
+            send_entries(log.entries, (settings.journal_socket, settings.log_file))
+        except Exception:  # noqa: BLE001 - logging never changes the status
+            pass
+        return
+    detach_reporter(directory, settings.reporter_linger)

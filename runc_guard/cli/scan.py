@@ -1,0 +1,96 @@
+"""What sweep, audit and metrics look at: their shared options and the scan they drive."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from runc_guard.delete.cgroupfs import RealCgroupFs, cgroup_mounts
+from runc_guard.node.discovery import DEFAULT_KUBEPODS, Discovery, check_kubepods_name, discover
+from runc_guard.node.orphans import DEFAULT_FLAT_ROOTS, DEFAULT_REDRIVE_TIMEOUT, Orphans, live_shim_ids
+from runc_guard.node.sweep import DEFAULT_BUNDLE_ROOT, DEFAULT_MIN_AGE, DEFAULT_RUNTIME_ROOT, RuntimeDirs
+from runc_guard.settings import Settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _kubepods(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    try:
+        return tuple(check_kubepods_name(v) for v in value) or DEFAULT_KUBEPODS
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def scan_options(func: F) -> F:
+    """Where to look: shared by sweep, audit and metrics so they always agree on "leaked"."""
+    options = [
+        click.option("--cgroup-root", default="/sys/fs/cgroup", show_default=True,
+                     type=click.Path(file_okay=False),
+                     help="Look at every cgroup hierarchy mounted at or below this directory."),
+        click.option("--kubepods", "kubepods", multiple=True, callback=_kubepods,
+                     metavar="NAME",
+                     help="Top-level pod tree inside each hierarchy, relative; repeatable. "
+                          "[default: kubepods and kubepods.slice]"),
+        click.option("--runtime-root", default=DEFAULT_RUNTIME_ROOT, show_default=True,
+                     type=click.Path(file_okay=False),
+                     help="runc's state root holding <namespace>/<id>: a container with state is kept."),
+        click.option("--bundle-root", default=DEFAULT_BUNDLE_ROOT, show_default=True,
+                     type=click.Path(file_okay=False),
+                     help="containerd's task bundles <namespace>/<id>: a container with a bundle is kept."),
+        click.option("--state-root", "state_roots", multiple=True,
+                     default=DEFAULT_FLAT_ROOTS, show_default=True, type=click.Path(file_okay=False),
+                     help="Flat runtime state root holding <id> (runc's /run/runc, crun's /run/crun); "
+                          "repeatable. State there keeps its container like --runtime-root's."),
+        click.option("--orphans/--no-orphans", default=True, show_default=True,
+                     help="Judge runtime state whose init is dead, with no containerd bundle and no "
+                          "live shim: an orphan (sweep re-runs the runtime's delete --force, audit "
+                          "reports it). --no-orphans: any runtime state keeps its container."),
+        click.option("--min-age", default=DEFAULT_MIN_AGE, show_default=True,
+                     type=click.FloatRange(min=0), metavar="SECONDS",
+                     help="Keep cgroups and runtime state younger than this (a container being "
+                          "created has its cgroup before its runtime state)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def runtime_dirs(
+    settings: Settings,
+    runtime_root: str,
+    bundle_root: str,
+    state_roots: tuple[str, ...],
+    orphans: bool,
+    redrive_timeout: float = DEFAULT_REDRIVE_TIMEOUT,
+) -> RuntimeDirs:
+    """Where runtime state and bundles live, and (``orphans``) how orphaned state is judged and re-driven."""
+    plain = RuntimeDirs(runtime_root, bundle_root, tuple(state_roots))
+    if not orphans:
+        return plain
+    judge = Orphans(
+        roots=(runtime_root, *state_roots),
+        has_bundle=plain.has_bundle,
+        configured_runtime=settings.runtime,
+        mounts=cgroup_mounts,
+        shims=live_shim_ids(),
+        timeout=redrive_timeout,
+    )
+    return RuntimeDirs(runtime_root, bundle_root, tuple(state_roots), judge)
+
+
+def scan(
+    settings: Settings,
+    cgroup_root: str,
+    kubepods: tuple[str, ...],
+    fs: RealCgroupFs,
+    runtime: RuntimeDirs,
+    min_age: float,
+) -> Discovery:
+    """Find every container unit below the kubepods trees, the shim's pending records and orphaned state."""
+    states = None
+    if runtime.orphans is not None:
+        states = (runtime.orphans.scan(), time.time(), min_age)
+    return discover(cgroup_root, kubepods, settings.pending_dir, fs, cgroup_mounts(), states)

@@ -1,0 +1,475 @@
+"""The one settings object: defaults in code, then the TOML file, then RUNC_GUARD_* variables.
+
+Read once and validated once per process, by the shim (every runtime call),
+the delete path and runc-guardctl alike; passed down explicitly. Settings are
+untrusted input: unknown keys and bad values are problems that name the key.
+A problem never changes where a call goes or how a delete ends: an invalid key
+keeps its default and is reported (journal once per file version, metrics,
+doctor, audit); a file that no longer parses routes by the last version that
+did (``last_good_routing``); runc-guardctl refuses to act on settings it
+cannot honour (``load_settings``).
+
+On the hot path: importing ``tomllib`` costs ~10-15 ms, more than a bare
+interpreter start, so the parsed file is cached with ``marshal`` (a builtin:
+free to import) under the cache directory, keyed by the file's device, inode,
+size, mtime and ctime. ctime cannot be set from user space, so an edited file
+always misses. The cache is trusted only if it is owned by us and not writable
+by group or others: ``marshal.loads`` of hostile bytes must never be reachable.
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+
+from runc_guard.errors import ConfigError
+from runc_guard.values import Value
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing and collections.abc cost imports the hot path does not pay
+    from collections.abc import Mapping
+
+DEFAULT_CONFIG = "/etc/runc-guard/config.toml"
+DEFAULT_RUNTIME = "runc"
+#: containerd gives the dead-shim cleanup (the shim's whole ``delete``, runc
+#: included) 5 s by default (io.containerd.timeout.shim.cleanup), counted from
+#: the shim's start; runc-guard counts from its own process start. 4 s leaves the
+#: shim ~1 s to unmount the rootfs after we return, and is what a 3-4 s teardown
+#: needs: under the systemd driver stock runc waits on systemd's stop job and
+#: finishes such teardowns inside containerd's 5 s, so a shorter deadline would
+#: leave more behind than the runtime alone (measured in the systemd lab).
+DEFAULT_DELETE_TIMEOUT = 4.0
+#: The range accepted for ``delete_timeout`` (seconds).
+MAX_DELETE_TIMEOUT = 600.0
+#: Where the delete path keeps its durable records (Settings.pending_dir's default).
+DEFAULT_PENDING_DIR = "/run/runc-guard/pending"
+DEFAULT_CACHE_DIR = "/run/runc-guard"
+DEFAULT_JOURNAL_SOCKET = "/run/systemd/journal/socket"
+DEFAULT_LOG_FILE = "/var/log/runc-guard/events.jsonl"
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def config_path(environ: Mapping[str, str]) -> str:
+    return environ.get("RUNC_GUARD_CONFIG") or DEFAULT_CONFIG
+
+
+def cache_dir(environ: Mapping[str, str]) -> str:
+    return environ.get("RUNC_GUARD_CACHE_DIR") or DEFAULT_CACHE_DIR
+
+
+def _cache_file(directory: str, path: str) -> str:
+    # The path is stored inside the cache and compared on read, so this name only
+    # needs to be stable, not injective.
+    return os.path.join(directory, "config" + path.replace("/", "%") + ".cache")
+
+
+def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _trusted(st: os.stat_result) -> bool:
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def _read_cache(cache: str, path: str, key: tuple[int, ...]) -> dict[str, object] | None:
+    blob = _read_trusted(cache)
+    if blob is None:
+        return None
+    try:
+        cached_path, cached_key, data = marshal.loads(blob)
+    except (ValueError, EOFError, TypeError):
+        return None
+    if cached_path != path or tuple(cached_key) != key or not isinstance(data, dict):
+        return None
+    return data
+
+
+def _write_cache(cache: str, path: str, key: tuple[int, ...], data: dict[str, object]) -> None:
+    """Best effort: a cache that cannot be written only costs the next call 10 ms."""
+    try:
+        blob = marshal.dumps((path, key, data))
+    except ValueError:  # TOML dates and times are not marshallable: just don't cache
+        return
+    directory = os.path.dirname(cache)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        if not _trusted(os.lstat(directory)):
+            return
+        from runc_guard.atomic import write_atomic  # only on a cache miss
+
+        write_atomic(cache, blob, 0o600, durable=False, dir_mode=0o700)
+    except OSError:
+        pass
+
+
+#: Keys that decide where a call goes; kept from the last file that parsed.
+ROUTING_KEYS = ("runtime", "runtimes")
+
+
+def _last_good_file(directory: str, path: str) -> str:
+    return os.path.join(directory, "routing" + path.replace("/", "%") + ".last-good")
+
+
+def _keep_last_good(directory: str, path: str, data: dict[str, object]) -> None:
+    """Remember the routing of a file that parsed, for when a later edit breaks it."""
+    routing = {k: data[k] for k in ROUTING_KEYS if k in data}
+    runtime = routing.get("runtime", "runc")
+    table = routing.get("runtimes", {})
+    if not isinstance(runtime, str) or not runtime or not isinstance(table, dict):
+        return
+    if not all(isinstance(k, str) and isinstance(v, str) and v for k, v in table.items()):
+        return
+    try:
+        blob = marshal.dumps((path, routing))
+        from runc_guard.atomic import write_atomic
+
+        write_atomic(_last_good_file(directory, path), blob, 0o600, durable=False, dir_mode=0o700)
+    except (OSError, ValueError):
+        pass
+
+
+def last_good_routing(path: str, cache_directory: str | None) -> dict[str, object] | None:
+    """``runtime``/``[runtimes]`` of the last version of ``path`` that parsed, or None.
+
+    A TOML syntax error must not silently send ``runc-guard-nvidia`` to plain runc
+    (GPU pods would start without GPUs): the shim routes by this copy instead.
+    """
+    if not cache_directory:
+        return None
+    found = _read_trusted(_last_good_file(cache_directory, path))
+    if found is None:
+        return None
+    try:
+        cached_path, routing = marshal.loads(found)
+    except (ValueError, EOFError, TypeError):
+        return None
+    if cached_path != path or not isinstance(routing, dict):
+        return None
+    return routing
+
+
+def first_report(cache_directory: str | None, path: str, problem: str) -> bool:
+    """True the first time ``problem`` is seen for this version of ``path`` (once per edit).
+
+    A broken settings file is reported to the journal once, not by every runtime
+    call of every container: the marker's name holds the file's stat key and a
+    checksum of the problem, so an edit (new ctime) or a new problem reports again.
+    """
+    if not cache_directory:
+        return True
+    import binascii
+
+    try:
+        key = "-".join(str(k) for k in _stat_key(os.stat(path)))
+    except OSError:
+        key = "absent"
+    crc = binascii.crc32(problem.encode("utf-8", "surrogateescape"))
+    marker = os.path.join(cache_directory, f"reported{path.replace('/', '%')}-{key}-{crc:08x}")
+    try:
+        os.makedirs(cache_directory, mode=0o700, exist_ok=True)
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _read_trusted(path: str) -> bytes | None:
+    """A cache file's bytes, only if it is ours and not writable by others (marshal input)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not _trusted(os.fstat(fd)):
+            return None
+        return os.read(fd, MAX_CONFIG_BYTES * 4)
+    finally:
+        os.close(fd)
+
+
+def read_settings_file(path: str, cache_directory: str | None) -> dict[str, object]:
+    """The settings file as a dict; ``{}`` when it does not exist.
+
+    Raises ``OSError`` when it exists but cannot be read and ``ValueError`` when
+    it is not valid TOML; the caller turns both into a ConfigError.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return {}
+    key = _stat_key(st)
+    cache = _cache_file(cache_directory, path) if cache_directory else None
+    if cache is not None:
+        cached = _read_cache(cache, path, key)
+        if cached is not None:
+            return cached
+    if st.st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"{path} is larger than {MAX_CONFIG_BYTES} bytes")
+    import tomllib  # ~10 ms: only on a cache miss
+
+    with open(path, "rb") as f:
+        data: dict[str, object] = tomllib.load(f)
+    if cache is not None and cache_directory:
+        _write_cache(cache, path, key, data)
+        _keep_last_good(cache_directory, path, data)
+    return data
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class Settings(Value):
+    """Effective settings and where they came from; build with :func:`load`, pass down explicitly."""
+
+    __slots__ = (
+        "cache_dir",
+        "config_file",
+        "container_cgroup_patterns",
+        "delete_timeout",
+        "journal_socket",
+        "kill_stragglers",
+        "log_file",
+        "log_level",
+        "pending_dir",
+        "poll_interval",
+        "problems",
+        "reporter_linger",
+        "routing_from_last_good",
+        "routing_problem",
+        "runtime",
+        "runtimes",
+        "source",
+        "stats_file",
+    )
+    #: The keys of the file (and of RUNC_GUARD_<KEY>); the rest says where they came from.
+    _compared = (
+        "container_cgroup_patterns", "delete_timeout", "journal_socket", "kill_stragglers", "log_file",
+        "log_level", "pending_dir", "poll_interval", "reporter_linger", "runtime", "runtimes", "stats_file",
+    )
+    runtime: str
+    #: Invocation name (a ``runc-guard-nvidia`` symlink) -> runtime; wins over ``runtime``.
+    runtimes: Mapping[str, str]
+    delete_timeout: float
+    poll_interval: float
+    pending_dir: str
+    journal_socket: str
+    log_file: str
+    log_level: str
+    kill_stragglers: bool
+    stats_file: str
+    #: fnmatch patterns (``{id}`` = the container id) of cgroup names that belong to a
+    #: container, besides the id itself and ``<prefix>-<id>.scope`` (paths.names_container).
+    container_cgroup_patterns: tuple[str, ...]
+    #: How long a detached reporter waits for more deletes' entries before it exits.
+    reporter_linger: float
+    #: The settings file (RUNC_GUARD_CONFIG) and the cache beside it (RUNC_GUARD_CACHE_DIR).
+    config_file: str
+    cache_dir: str
+    source: str
+    #: Every problem found, each naming its key; none of them changed an outcome.
+    problems: tuple[str, ...]
+    #: Why the file's routing (runtime, [runtimes]) could not be used as written, if so.
+    routing_problem: str | None
+    #: ... and then it came from the last version of the file that parsed.
+    routing_from_last_good: bool
+
+    def __init__(
+        self,
+        runtime: str = DEFAULT_RUNTIME,
+        runtimes: Mapping[str, str] | None = None,
+        delete_timeout: float = DEFAULT_DELETE_TIMEOUT,
+        poll_interval: float = 0.02,
+        pending_dir: str = DEFAULT_PENDING_DIR,
+        journal_socket: str = DEFAULT_JOURNAL_SOCKET,
+        log_file: str = DEFAULT_LOG_FILE,
+        log_level: str = "info",
+        kill_stragglers: bool = True,
+        stats_file: str = "/run/runc-guard/deletes.jsonl",
+        container_cgroup_patterns: tuple[str, ...] = (),
+        reporter_linger: float = 2.0,
+        config_file: str = DEFAULT_CONFIG,
+        cache_dir: str = DEFAULT_CACHE_DIR,
+        source: str = "(defaults)",
+        problems: tuple[str, ...] = (),
+        routing_problem: str | None = None,
+        routing_from_last_good: bool = False,
+    ) -> None:
+        runtimes = {} if runtimes is None else runtimes
+        self._init(locals())
+
+    def as_dict(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self._compared}
+
+    def runtime_for(self, invoked_as: str) -> str:
+        """The runtime this call fronts: ``[runtimes]`` by the name we were invoked as, else ``runtime``."""
+        return self.runtimes.get(invoked_as) or self.runtime
+
+
+_KEYS = frozenset(Settings._compared)
+#: The names runc-guard may be invoked as when its routing cannot be trusted: the default runtime.
+DEFAULT_NAMES = frozenset({"runc-guard", DEFAULT_RUNTIME})
+
+
+def _to_bool(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{key}: expected true or false, got {value!r}")
+
+
+def _to_seconds(key: str, value: object, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ConfigError(f"{key}: expected a number of seconds, got {value!r}")
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ConfigError(f"{key}: expected a number of seconds, got {value!r}") from None
+    if seconds - seconds != 0.0 or not low <= seconds <= high:  # nan or inf (no math import)
+        raise ConfigError(f"{key}: {seconds:g} s is outside {low:g}..{high:g} s")
+    return seconds
+
+
+def _to_path(key: str, value: object) -> str:
+    if not isinstance(value, str) or not value.startswith("/") or "\0" in value:
+        raise ConfigError(f"{key}: expected an absolute path, got {value!r}")
+    return os.path.normpath(value)
+
+
+def _to_runtimes(value: object) -> dict[str, str]:
+    if isinstance(value, str):  # RUNC_GUARD_RUNTIMES="nvidia-runc-guard=nvidia-container-runtime,..."
+        pairs = [item.split("=", 1) for item in value.split(",") if item]
+        if any(len(p) != 2 for p in pairs):
+            raise ConfigError(f"runtimes: expected name=runtime[,name=runtime], got {value!r}")
+        value = dict(pairs)
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and k and v for k, v in value.items()
+    ):
+        raise ConfigError(f'runtimes: expected a table of name = "runtime", got {value!r}')
+    return dict(value)
+
+
+def _to_patterns(value: object) -> tuple[str, ...]:
+    if isinstance(value, str):  # RUNC_GUARD_CONTAINER_CGROUP_PATTERNS="a-{id},b-{id}.scope"
+        value = [item for item in value.split(",") if item]
+    if not isinstance(value, list) or not all(
+        isinstance(p, str) and "{id}" in p and "/" not in p for p in value
+    ):
+        raise ConfigError(
+            "container_cgroup_patterns: expected a list of names with {id},"
+            f' like ["ctr-{{id}}"], got {value!r}'
+        )
+    return tuple(value)
+
+
+def _convert(key: str, value: object) -> object:
+    if key in ("delete_timeout",):
+        return _to_seconds(key, value, 0.0, MAX_DELETE_TIMEOUT)
+    if key == "poll_interval":
+        return _to_seconds(key, value, 0.001, 5.0)
+    if key == "reporter_linger":
+        return _to_seconds(key, value, 0.0, 60.0)
+    if key in ("pending_dir", "journal_socket", "log_file", "stats_file"):
+        return _to_path(key, value)
+    if key == "kill_stragglers":
+        return _to_bool(key, value)
+    if key == "runtimes":
+        return _to_runtimes(value)
+    if key == "container_cgroup_patterns":
+        return _to_patterns(value)
+    if key == "log_level":
+        if not isinstance(value, str) or value.lower() not in LOG_LEVELS:
+            raise ConfigError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
+        return value.lower()
+    if key == "runtime":
+        if not isinstance(value, str) or not value or "\0" in value:
+            raise ConfigError(f"runtime: expected a command name or path, got {value!r}")
+        return value
+    raise AssertionError(key)
+
+
+def _validated(
+    raw: Mapping[str, object], environ: Mapping[str, str], source: str
+) -> tuple[dict[str, object], list[tuple[str, str]]]:
+    """Every valid key of ``raw``, then of RUNC_GUARD_<KEY>; every problem as (key, message)."""
+    problems = [(key, f"{source}: unknown setting {key!r}") for key in sorted(set(raw) - _KEYS)]
+    values: dict[str, object] = {}
+    for key, value in raw.items():
+        if key in _KEYS:
+            try:
+                values[key] = _convert(key, value)
+            except ConfigError as exc:
+                problems.append((key, f"{source}: {exc}"))
+    for key in Settings._compared:
+        env_value = environ.get(f"RUNC_GUARD_{key.upper()}")
+        if env_value is not None and env_value != "":
+            try:
+                values[key] = _convert(key, env_value)
+            except ConfigError as exc:
+                problems.append((key, f"RUNC_GUARD_{key.upper()}: {exc}"))
+    return values, problems
+
+
+def load(environ: Mapping[str, str] | None = None) -> Settings:
+    """The settings this process runs with: every valid key applied, every problem listed.
+
+    What the shim, the delete path and the reporting tools use. An invalid key
+    keeps its default. Routing is the exception, since a default could send a
+    GPU pod's call to plain runc: when the file cannot be read or its
+    ``runtime``/``[runtimes]`` are invalid, routing comes from the last version
+    of the file that parsed (``routing_from_last_good``); with none, only the
+    default names may be routed (``routing_problem`` says why).
+    """
+    env = os.environ if environ is None else environ
+    path, cache = config_path(env), cache_dir(env)
+    try:
+        raw = read_settings_file(path, cache)
+        read_problem = None
+    except (OSError, ValueError) as exc:
+        raw, read_problem = {}, f"cannot use settings file {path}: {exc}"
+    values, found = _validated(raw, env, path)
+    routing_problem = read_problem or next((m for k, m in found if k in ROUTING_KEYS), None)
+    from_last_good = False
+    if routing_problem is not None:
+        for key in ROUTING_KEYS:
+            values.pop(key, None)
+        last = last_good_routing(path, cache)
+        if last is not None:
+            kept, _ = _validated({k: v for k, v in last.items() if k in ROUTING_KEYS}, env, path)
+            values.update({k: v for k, v in kept.items() if k in ROUTING_KEYS})
+            from_last_good = True
+        else:  # RUNC_GUARD_RUNTIME(S) still apply: they are no part of the broken file
+            env_only, _ = _validated({}, env, path)
+            values.update({k: v for k, v in env_only.items() if k in ROUTING_KEYS})
+    problems = ([read_problem] if read_problem else []) + [m for _k, m in found]
+    if routing_problem is not None and from_last_good:
+        noted = routing_problem + "; routing by its last good version"
+        problems = [noted if m == routing_problem else m for m in problems]
+        routing_problem = noted
+    source = path if os.path.exists(path) else f"{path} (absent: defaults)"
+    return Settings(
+        **values,  # type: ignore[arg-type]
+        config_file=path,
+        cache_dir=cache,
+        source=source,
+        problems=tuple(problems),
+        routing_problem=routing_problem,
+        routing_from_last_good=from_last_good,
+    )
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Like :func:`load`, but the first problem raises ConfigError (exit 78).
+
+    For runc-guardctl's commands that act (sweep, configure), which must refuse
+    to act on settings they cannot honour.
+    """
+    settings = load(environ)
+    if settings.problems:
+        raise ConfigError("; ".join(settings.problems))
+    return settings
