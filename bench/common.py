@@ -173,16 +173,9 @@ def reap_orphans() -> tuple[int, float]:
         cpu += usage.ru_utime + usage.ru_stime
 
 
-def cpu_sample() -> tuple[int, int]:
-    """(system, total) jiffies of the whole node from the first line of /proc/stat."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    # user nice system idle iowait irq softirq steal guest guest_nice; guest is inside user.
-    return fields[2], sum(fields[:8])
-
-
-def sys_percent(before: tuple[int, int], after: tuple[int, int]) -> float:
-    """Node-wide system CPU % (of all cores) between two cpu_sample() readings."""
+def sys_percent(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """Node-wide system CPU % (of all cores) between two readings of the sweep's own
+    ``cpu_sample`` (runc_guard.node.sweep), so the bench sees what the sweep sees."""
     total = after[1] - before[1]
     return 100.0 * (after[0] - before[0]) / total if total > 0 else 0.0
 

@@ -36,12 +36,12 @@ from bench.common import (
     Probe,
     build_pod_tree,
     cgroup_mounts,
-    cpu_sample,
     phase_stats,
     print_table,
     remove_everywhere,
     sys_percent,
 )
+from runc_guard.node.sweep import cpu_sample
 
 
 @dataclass

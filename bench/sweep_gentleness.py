@@ -52,7 +52,6 @@ from bench.common import (
     Probe,
     build_pod_tree,
     cgroup_mounts,
-    cpu_sample,
     percentile_ms,
     phase_stats,
     print_table,
@@ -61,6 +60,7 @@ from bench.common import (
     sys_percent,
 )
 from integration.scenario import guard_env
+from runc_guard.node.sweep import cpu_sample
 
 #: The naive control: a separate interpreter removing every container dir, no pause.
 NAIVE = """
