@@ -91,17 +91,24 @@ def test_journald_receives_canonical_entry(shim_binary: str, workdir: str) -> No
 
 
 def test_pure_cgroup_v2(shim_binary: str, tmp_path: os.PathLike[str]) -> None:
-    """Pure v2 (private mount namespace, cgroup2 at /sys/fs/cgroup): stock runc leaks, runc-guard does not."""
+    """Pure v2 (private mount namespace, cgroup2 at /sys/fs/cgroup): stock runc leaks, runc-guard does not.
+
+    The control is retried (up to 3 runs): now and then stock runc 1.1.5's v2 freeze of the
+    container waits until the v1 hold lets its processes go, and then it has nothing to leak.
+    """
     results = {}
-    for name, binary in (("stock", RUNC), ("guard", shim_binary)):
-        freezer = os.path.join(tmp_path, f"freezer-{name}")
+    runs = [("stock", RUNC)] * 3 + [("guard", shim_binary)]
+    for attempt, (name, binary) in enumerate(runs):
+        if name == "stock" and results.get("stock", {}).get("left"):
+            continue  # the control leaked: shown
+        freezer = os.path.join(tmp_path, f"freezer-{name}-{attempt}")
         os.mkdir(freezer)
         script = (
             "set -e; mount --make-rprivate /; umount -l /sys/fs/cgroup; "
             "mount -t cgroup2 none /sys/fs/cgroup; "
             f"mount -t cgroup -o freezer freezer {freezer}; "
             f"cd {os.getcwd()}; exec {sys.executable} -m integration.scenario "
-            f"--binary {binary} --hold 3 --freezer-root {freezer}"
+            f"--binary {binary} --hold 1.5 --freezer-root {freezer}"
         )
         proc = subprocess.run(
             ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120, check=False
@@ -121,7 +128,8 @@ def test_pure_cgroup_v2(shim_binary: str, tmp_path: os.PathLike[str]) -> None:
         os.rmdir(freezer)
     assert "error" not in results["stock"], results["stock"]
     assert "error" not in results["guard"], results["guard"]
-    assert results["stock"]["exit_status"] == 0 and results["stock"]["left"], "control must leak on v2"
+    stock = results["stock"]
+    assert stock["exit_status"] == 0 and stock["left"], f"control must leak on v2: {json.dumps(stock)}"
     assert all(p.startswith("/sys/fs/cgroup/rgtest") for p in results["stock"]["left"])
     assert results["guard"]["exit_status"] == 0, results["guard"]["stderr"]
     assert results["guard"]["left"] == []
