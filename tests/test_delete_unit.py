@@ -9,6 +9,7 @@ with its real start time, so ``init_alive`` reads the real /proc both ways.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -746,3 +747,67 @@ def test_sigterm_while_a_later_sibling_waits_ends_the_delete(lab: Lab) -> None:
     assert status == 128 + signal.SIGTERM
     waited_after = lab.clock() - 1000.0
     assert waited_after < 1.0, f"kept waiting {waited_after:.1f} s after SIGTERM"
+
+
+# -- the remaining outcomes: one test each, so every branch of the table is proven here ----
+
+
+def test_already_gone_when_the_runtime_alone_removed_everything(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Init dead, cgroups empty, and the runtime's own destroy removes them: runc-guard waited for
+    nothing, killed nothing, removed nothing."""
+    dirs = lab.container("c1")
+    real = delete_mod.run_runtime_child
+
+    def runtime_that_removes(*args: Any, **kw: Any) -> Any:
+        run = real(*args, **kw)
+        for d in dirs:  # what runc's destroy does on the kernel
+            lab.fs.rmdir(d)
+        return run
+
+    monkeypatch.setattr(delete_mod, "run_runtime_child", runtime_that_removes)
+    assert lab.run("c1", lab.runtime()) == 0
+    entry = lab.entry()
+    assert (entry["outcome"], entry["removed"], entry["level"]) == ("already_gone", 0, "info")
+    assert entry["stragglers_killed"] == [] and lab.records() == []
+
+
+def test_rmdir_failed_is_74_with_the_record_kept(lab: Lab) -> None:
+    """An rmdir error waiting cannot fix (EROFS): exit 74 naming the path, the record kept for the sweep."""
+    dirs = lab.container("c1")
+    lab.fs.rmdir_errors[dirs[0]] = errno.EROFS
+    assert lab.run("c1", lab.runtime()) == 74
+    entry = lab.entry()
+    assert (entry["outcome"], entry["exit_status"], entry["level"]) == ("rmdir_failed", 74, "error")
+    assert dirs[0] in entry["reason"] and "EROFS" in entry["reason"]
+    assert len(lab.records()) == 1
+
+
+def test_no_state_when_the_state_is_unreadable(lab: Lab) -> None:
+    """A state.json that does not parse: not ours to judge; the runtime runs and its status passes on."""
+    os.makedirs(os.path.join(lab.root, "c1"))
+    with open(os.path.join(lab.root, "c1", "state.json"), "w") as f:
+        f.write("{not json")
+    assert lab.run("c1", lab.runtime(1, removes_state=False)) == 1
+    assert lab.runs() == ["runtime c1"]
+    entry = lab.entry()
+    assert (entry["outcome"], entry["exit_status"], entry["level"]) == ("no_state", 1, "warning")
+    assert lab.fs.killed == [] and lab.fs.rmdirs == [] and lab.records() == []
+
+
+def test_every_outcome_the_delete_can_raise_is_listed() -> None:
+    """Each Outcome(...) the delete raises is in delete.outcomes (so metrics render it from zero)."""
+    import ast
+
+    from runc_guard.delete import outcomes
+
+    with open(delete_mod.__file__) as f:
+        tree = ast.parse(f.read())
+    raised = {
+        node.args[0].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Outcome"
+        and node.args and isinstance(node.args[0], ast.Constant)
+    }  # fmt: skip
+    assert raised and raised <= set(outcomes.OUTCOMES)
