@@ -33,7 +33,7 @@ $(STAMP): $(SOURCES)
 venv: $(STAMP)
 
 lint: venv
-	$(VENV)/bin/ruff check runc_guard tests integration bench
+	$(VENV)/bin/ruff check runc_guard labkit tests integration bench
 
 typecheck: venv
 	$(VENV)/bin/mypy

@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from integration.lab import cgroup_mount_points
+from labkit.kernel import cgroup_mount_points
 
 
 def spawn_time(argv: Sequence[str], env: dict[str, str] | None = None) -> float:

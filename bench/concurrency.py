@@ -29,8 +29,8 @@ import uuid
 from typing import Any
 
 from bench.common import PREFIX, print_table, remove_everywhere
-from integration.lab import FREEZER, RUNC, FreezerHold, RuncContainer, wait_for
-from integration.scenario import guard_env
+from labkit.kernel import FREEZER, RUNC, FreezerHold, RuncContainer, wait_for
+from labkit.scenario import guard_env
 
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 

@@ -39,8 +39,8 @@ from bench.common import (
     run_like_go_runc,
     subreaper,
 )
-from integration.lab import BUSYBOX, RUNC, procs, wait_for
-from integration.scenario import guard_env
+from labkit.kernel import BUSYBOX, RUNC, procs, wait_for
+from labkit.scenario import guard_env
 
 CGROUP_PROBE = ("/sys/fs/cgroup/memory", "/sys/fs/cgroup/unified", "/sys/fs/cgroup")
 
@@ -72,7 +72,7 @@ class CleanContainers:
         return ""
 
     def dirs_left(self, cid: str) -> int:
-        from integration.lab import dirs_named
+        from labkit.kernel import dirs_named
 
         return len(dirs_named(f"{self.parent}/{cid}"))
 

@@ -19,7 +19,7 @@ import tempfile
 import time
 import uuid
 
-from integration.lab import cgroup_mount_points, remove_tree
+from labkit.kernel import cgroup_mount_points, remove_tree
 from runc_guard.delete.cgroupfs import cgroup_mounts
 from runc_guard.node.cgroupstats import read_kernel
 

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 
 from bench.common import interleaved, median_ms, print_table
-from integration.lab import RuncContainer
+from labkit.kernel import RuncContainer
 
 COMMANDS: dict[str, Callable[[RuncContainer], list[str]]] = {
     "--version": lambda c: ["--version"],

@@ -31,8 +31,8 @@ import time
 from typing import Any
 
 from bench.common import print_table
-from integration import containerd_lab as cl
-from integration.lab import FreezerHold, wait_for
+from labkit import containerd as cl
+from labkit.kernel import FreezerHold, wait_for
 
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 

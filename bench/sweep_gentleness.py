@@ -59,7 +59,7 @@ from bench.common import (
     run_measured,
     sys_percent,
 )
-from integration.scenario import guard_env
+from labkit.scenario import guard_env
 from runc_guard.node.sweep import cpu_sample
 
 #: The naive control: a separate interpreter removing every container dir, no pause.

@@ -58,12 +58,10 @@ from bench.common import (
     remove_subtree,
     subreaper,
 )
-from integration.lab import read_jsonl, wait_reported
-from integration.scenario import guard_env
+from labkit.kernel import guard_is_waiting, read_jsonl, wait_reported
+from labkit.scenario import guard_env
 
 IN_DELETE = 0x200
-#: poll, ppoll, select, pselect6, epoll_wait, nanosleep, clock_nanosleep (x86_64)
-WAITING_SYSCALLS = {"7", "271", "23", "270", "232", "35", "230"}
 POLL_INTERVAL_MS = 20.0
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -110,18 +108,6 @@ def layout_mounts(layout: str) -> list[str]:
     if layout == "v2" and mounts != ["/sys/fs/cgroup"]:
         raise RuntimeError(f"not a pure cgroup v2 mount namespace: {mounts}")
     return mounts
-
-
-def guard_is_waiting(pid: int) -> bool:
-    """runc-guard's runtime child is gone and it sits in poll/sleep (its wait loop)."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            if f.read().strip():
-                return False
-        with open(f"/proc/{pid}/syscall") as f:
-            return f.read().split(" ", 1)[0] in WAITING_SYSCALLS
-    except OSError:
-        return False
 
 
 def write_state(root: str, cid: str, pid: int, mounts: list[str], paths: list[str]) -> None:

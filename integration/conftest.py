@@ -12,10 +12,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from integration import containerd_lab as cl
-from integration.journald import Journald, private_journald
-from integration.journald import available as journald_available
-from integration.lab import FREEZER
+from labkit import containerd as cl
+from labkit.journald import Journald, private_journald
+from labkit.journald import available as journald_available
+from labkit.kernel import FREEZER
 
 #: Lines the storm test leaves for the end of the run (the numbers the issue asks for).
 SUMMARY_KEY = pytest.StashKey[list[str]]()

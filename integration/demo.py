@@ -19,10 +19,10 @@ import subprocess
 import sys
 import tempfile
 
-from integration import containerd_lab as cl
-from integration.journald import Journald, private_journald
-from integration.journald import available as journald_available
-from integration.lab import FREEZER, wait_reported
+from labkit import containerd as cl
+from labkit.journald import Journald, private_journald
+from labkit.journald import available as journald_available
+from labkit.kernel import FREEZER, wait_reported
 
 
 def _progress(label: str, i: int, total: int, crash: cl.CrashResult) -> None:

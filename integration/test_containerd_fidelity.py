@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from integration import containerd_lab as cl
+from labkit import containerd as cl
 
 pytestmark = pytest.mark.kernel
 

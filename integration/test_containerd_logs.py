@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from integration import containerd_lab as cl
-from integration.journald import Journald
+from labkit import containerd as cl
+from labkit.journald import Journald
 
 pytestmark = pytest.mark.kernel
 

@@ -22,9 +22,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from integration import containerd_lab as cl
-from integration import runtimes
-from integration.lab import FreezerHold, wait_for
+from labkit import containerd as cl
+from labkit import runtimes
+from labkit.kernel import FreezerHold, wait_for
 
 pytestmark = pytest.mark.kernel
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from integration import containerd_lab as cl
-from integration.lab import wait_for
+from labkit import containerd as cl
+from labkit.kernel import wait_for
 
 pytestmark = pytest.mark.kernel
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from integration import containerd_lab as cl
+from labkit import containerd as cl
 
 pytestmark = pytest.mark.kernel
 

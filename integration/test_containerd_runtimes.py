@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from integration import containerd_lab as cl
+from labkit import containerd as cl
 
 pytestmark = pytest.mark.kernel
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from integration import containerd_lab as cl
-from integration.journald import Journald
+from labkit import containerd as cl
+from labkit.journald import Journald
 
 pytestmark = pytest.mark.kernel
 

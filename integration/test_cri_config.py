@@ -10,9 +10,9 @@ import subprocess
 import pytest
 import tomlkit
 
-from integration import containerd_lab as cl
-from integration import cri_lab as cr
-from integration import runtimes
+from labkit import containerd as cl
+from labkit import cri as cr
+from labkit import runtimes
 
 PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 

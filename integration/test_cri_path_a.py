@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from integration import containerd_lab as cl
-from integration import cri_lab as cr
+from labkit import containerd as cl
+from labkit import cri as cr
 from runc_guard.settings import DEFAULT_DELETE_TIMEOUT
 
 pytestmark = pytest.mark.kernel

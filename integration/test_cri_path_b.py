@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from integration import cri_lab as cr
+from labkit import cri as cr
 
 pytestmark = pytest.mark.kernel
 

@@ -15,7 +15,7 @@ runc (``RUNC_GUARD_RUNTIME``), with the same runc as the stock control:
   runc-guard's reason and keeps its record; containerd's retry finishes it.
 
 containerd 2.2.2 and runc 1.3.4/1.5.1 come from ``RUNC_GUARD_TEST_RUNTIMES``
-(integration/runtimes.py); a cell whose binaries are absent is skipped naming it.
+(labkit/runtimes.py); a cell whose binaries are absent is skipped naming it.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from integration import containerd_lab as cl
-from integration.lab import FreezerHold, wait_for
+from labkit import containerd as cl
+from labkit.kernel import FreezerHold, wait_for
 
 pytestmark = pytest.mark.kernel
 

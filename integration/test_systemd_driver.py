@@ -1,6 +1,6 @@
 """The systemd cgroup driver inside a booted systemd: stock runc vs runc-guard, per teardown length.
 
-One machine (integration.systemd_lab) serves the whole module: Debian 12 under
+One machine (labkit.systemd) serves the whole module: Debian 12 under
 systemd-nspawn, its containerd 1.6.20 with ``SystemdCgroup = true``, tasks
 started by ``ctr run --runc-systemd-cgroup`` in a kubelet-style pod slice
 (``kubepods-burstable-pod<uid>.slice:cri-containerd:<id>``), host PID, three
@@ -18,10 +18,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from integration import runtimes
-from integration import systemd_lab as sl
 from integration.conftest import SUMMARY_KEY
-from integration.lab import unique, wait_for
+from labkit import runtimes
+from labkit import systemd as sl
+from labkit.kernel import unique, wait_for
 from runc_guard.delete import systemd_scope
 
 pytestmark = pytest.mark.kernel
@@ -51,7 +51,7 @@ def ns(machine: sl.Machine) -> str:
 
 
 def runc_134() -> str:
-    """runc 1.3.4 as the machine sees it (bound in from integration.runtimes)."""
+    """runc 1.3.4 as the machine sees it (bound in from labkit.runtimes)."""
     runtimes.require(runtimes.RUNC_134)
     return sl.RUNC_134
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from integration.lab import wait_reported
+from labkit.kernel import wait_reported
 from tests.fakes import FakeCgroupFs, FakeClock
 
 

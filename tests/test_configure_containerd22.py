@@ -14,7 +14,7 @@ from typing import Any
 import tomlkit
 from click.testing import CliRunner
 
-from integration import runtimes
+from labkit import runtimes
 from runc_guard.cli import cli
 
 CRI3 = "io.containerd.cri.v1.runtime"

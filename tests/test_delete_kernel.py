@@ -13,15 +13,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from integration import journald as jd
-from integration.lab import (
+from labkit import journald as jd
+from labkit.kernel import (
     RUNC,
     cgroup_mount_points,
     crafted_container,
+    guard_is_waiting,
     procs,
     read_jsonl,
     remove_tree,
@@ -29,7 +29,7 @@ from integration.lab import (
     script,
     wait_for,
 )
-from integration.scenario import guard_env, run_leak_scenario
+from labkit.scenario import guard_env, run_leak_scenario
 
 pytestmark = pytest.mark.kernel
 
@@ -107,7 +107,7 @@ def test_pure_cgroup_v2(shim_binary: str, tmp_path: os.PathLike[str]) -> None:
             "set -e; mount --make-rprivate /; umount -l /sys/fs/cgroup; "
             "mount -t cgroup2 none /sys/fs/cgroup; "
             f"mount -t cgroup -o freezer freezer {freezer}; "
-            f"cd {os.getcwd()}; exec {sys.executable} -m integration.scenario "
+            f"cd {os.getcwd()}; exec {sys.executable} -m labkit.scenario "
             f"--binary {binary} --hold 1.5 --freezer-root {freezer}"
         )
         proc = subprocess.run(
@@ -123,7 +123,7 @@ def test_pure_cgroup_v2(shim_binary: str, tmp_path: os.PathLike[str]) -> None:
                 for d, _, _ in os.walk(leftover):
                     for pid in procs(d):
                         os.kill(pid, signal.SIGKILL)
-                time.sleep(0.2)
+                wait_for(lambda: not any(procs(d) for d, _, _ in os.walk(leftover)), 5)  # noqa: B023
                 remove_tree(leftover)
         os.rmdir(freezer)
     assert "error" not in results["stock"], results["stock"]
@@ -244,7 +244,7 @@ def test_sigterm_during_wait_keeps_record(shim_binary: str, workdir: str) -> Non
                                 stderr=subprocess.PIPE, text=True, env=env)
         pending = os.path.join(workdir, "pending")
         assert wait_for(lambda: os.path.isdir(pending) and bool(os.listdir(pending)), 10)
-        time.sleep(0.5)
+        assert wait_for(lambda: guard_is_waiting(proc.pid), 10, 0.005)  # in its wait loop, not before
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=10)
         assert proc.returncode == 128 + signal.SIGTERM

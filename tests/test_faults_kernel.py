@@ -17,16 +17,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from integration.lab import (
+from labkit.kernel import (
     RuncContainer,
     container_with_hold,
     crafted_container,
+    guard_is_waiting,
     procs,
     reported_events,
     script,
     wait_for,
 )
-from integration.scenario import guard_env
+from labkit.scenario import guard_env
 
 pytestmark = pytest.mark.kernel
 
@@ -351,7 +352,7 @@ def test_sigkill_mid_wait_then_retry_finishes(shim_binary: str, workdir: str) ->
             # written first, then it waits (runc's state stays until the cgroups are empty)
             pending_dir = os.path.join(workdir, "pending")
             assert wait_for(lambda: os.path.isdir(pending_dir) and bool(os.listdir(pending_dir)), 20)
-            time.sleep(0.3)
+            assert wait_for(lambda: guard_is_waiting(proc.pid), 10, 0.005)
             proc.kill()
             proc.wait()
         finally:

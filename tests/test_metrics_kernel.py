@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from integration.lab import cgroup_mount_points, remove_tree
+from labkit.kernel import cgroup_mount_points, remove_tree
 from runc_guard.delete.pending import PendingRecord, write_record
 
 pytestmark = pytest.mark.kernel

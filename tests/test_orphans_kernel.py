@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from integration import runtimes
-from integration.lab import (
+from labkit import runtimes
+from labkit.kernel import (
     FREEZER,
     FreezerHold,
     cgroup_mount_points,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from integration.lab import cgroup_mount_points, remove_tree
+from labkit.kernel import cgroup_mount_points, remove_tree
 
 pytestmark = pytest.mark.kernel
 

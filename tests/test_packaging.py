@@ -561,9 +561,10 @@ def installed_deb(deb: str) -> Iterator[str]:
 
 
 @pytest.mark.kernel
+@pytest.mark.host_install
 def test_installed_deb_removes_cgroups_on_a_slow_delete(installed_deb: str, tmp_path: Any) -> None:
     """Through the apt-installed /usr/bin/runc-guard a Path B delete leaves no cgroup behind."""
-    from integration.scenario import guard_env, run_leak_scenario
+    from labkit.scenario import guard_env, run_leak_scenario
 
     assert _installed("runc-guard")
     for dep in DEBIAN_DEPS:
@@ -586,6 +587,7 @@ def test_installed_deb_removes_cgroups_on_a_slow_delete(installed_deb: str, tmp_
 
 
 @pytest.mark.kernel
+@pytest.mark.host_install
 def test_installed_deb_configures_with_debians_tomlkit(installed_deb: str, tmp_path: Any) -> None:
     """/usr/bin/runc-guardctl (Debian's python3-tomlkit) configures and reverts like the venv."""
     import tomlkit as venv_tomlkit

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from integration.lab import read_jsonl, read_lines
+from labkit.kernel import read_jsonl, read_lines
 from runc_guard.delete import runclog
 from runc_guard.delete.pending import (
     PendingRecord,

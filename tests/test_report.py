@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from integration.lab import read_jsonl, script, spool_lock_holder, wait_for, wait_reported
-from integration.scenario import guard_env
+from labkit.kernel import read_jsonl, script, spool_lock_holder, wait_for, wait_reported
+from labkit.scenario import guard_env
 from runc_guard.delete.report import EventLog
 from runc_guard.logs import drain_spool
 from runc_guard.spool import pending_files, spool_dir, try_lock, write_spool

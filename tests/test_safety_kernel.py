@@ -22,11 +22,12 @@ from typing import Any
 
 import pytest
 
-from integration.lab import (
+from labkit.kernel import (
     RUNC,
     RuncContainer,
     cgroup_mount_points,
     crafted_container,
+    guard_is_waiting,
     make_bundle,
     procs,
     remove_tree,
@@ -35,7 +36,7 @@ from integration.lab import (
     unique,
     wait_for,
 )
-from integration.scenario import guard_env
+from labkit.scenario import guard_env
 from runc_guard.delete.cgroupfs import RealCgroupFs
 
 #: One line per case, shown in the terminal summary (see _SummaryPlugin).
@@ -578,7 +579,7 @@ def test_sigint_mid_wait_prints_no_traceback(shim_binary: str, workdir: str) -> 
         try:
             pending = os.path.join(workdir, "pending")
             assert wait_for(lambda: os.path.isdir(pending) and bool(os.listdir(pending)), 10)
-            time.sleep(0.3)
+            assert wait_for(lambda: guard_is_waiting(proc.pid), 10, 0.005)
             proc.send_signal(signal.SIGINT)
             _out, err = proc.communicate(timeout=30)
         finally:
@@ -614,18 +615,26 @@ def _tracee(parent: int, timeout: float = 10.0) -> int:
     return found[0]
 
 
-def _held_in_a_syscall(pid: int, timeout: float = 20.0) -> bool:
+def _held_in_a_syscall(pid: int, timeout: float = 20.0, seen: list[str] | None = None) -> bool:
     """True once ``pid`` sits in one syscall entry for 150 ms: strace's injected delay, not the
-    brief stops strace makes at every syscall. (``/proc/<pid>/syscall``: number and arguments.)"""
+    brief stops strace makes at every syscall. (``/proc/<pid>/syscall``: number and arguments;
+    state ``t``: stopped by its tracer.)"""
     end = time.monotonic() + timeout
     last, since = "", time.monotonic()
     while time.monotonic() < end:
         try:
             with open(f"/proc/{pid}/syscall") as f:
-                now = f.read().strip()
-        except OSError:
+                call = f.read().strip()
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError as exc:
+            if seen is not None:
+                seen.append(f"gone: {exc}")
             return False
-        if now != last or now in ("running", "") or now.startswith("-1"):
+        now = f"{state} {call}"
+        if seen is not None and now != last:
+            seen.append(now[:60])
+        if now != last or state != "t" or call in ("running", "") or call.startswith("-1"):
             last, since = now, time.monotonic()
         elif time.monotonic() - since >= 0.15:
             return True
@@ -664,7 +673,8 @@ def sigint_while_importing(shim: str, module: str, tmp: str) -> subprocess.Compl
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
     try:
         tracee = _tracee(proc.pid)
-        assert _held_in_a_syscall(tracee), "the import of the module never stalled"
+        seen: list[str] = []
+        assert _held_in_a_syscall(tracee, seen=seen), f"the import never stalled: {seen[-5:]}"
         os.kill(tracee, signal.SIGINT)
         _out, err = proc.communicate(timeout=30)
     finally:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from integration.lab import cgroup_mount_points, procs, remove_tree, wait_for
+from labkit.kernel import cgroup_mount_points, procs, remove_tree, wait_for
 from runc_guard.delete.pending import PendingRecord, write_record
 
 pytestmark = pytest.mark.kernel

@@ -129,6 +129,22 @@ def reported_events(workdir: str, cache: str = "cache", log: str = "events.jsonl
     return read_jsonl(os.path.join(workdir, log))
 
 
+#: poll, ppoll, select, pselect6, epoll_wait, nanosleep, clock_nanosleep (x86_64)
+WAITING_SYSCALLS = {"7", "271", "23", "270", "232", "35", "230"}
+
+
+def guard_is_waiting(pid: int) -> bool:
+    """runc-guard's runtime child is gone and it sits in poll/sleep (its wait loop)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            if f.read().strip():
+                return False
+        with open(f"/proc/{pid}/syscall") as f:
+            return f.read().split(" ", 1)[0] in WAITING_SYSCALLS
+    except OSError:
+        return False
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:  # type: ignore[no-untyped-def]
     end = time.monotonic() + timeout
     while time.monotonic() < end:

@@ -16,7 +16,7 @@ busybox-static, python3 and runc-guard's Debian dependencies), cached under
   bounding set unless the machine has its own network (``ctr run`` failed with
   ``error during container init: operation not permitted`` without it);
 - ``--volatile=overlay``: a tmpfs over the cached root, every boot starts fresh;
-- a unit inside (``integration/systemd/rg-cgroup-rw.service``) remounts the v1
+- a unit inside (``labkit/units/rg-cgroup-rw.service``) remounts the v1
   controller mounts read-write (nspawn mounts them read-only; runc's systemd
   driver still creates the v1 directories itself);
 - ``DefaultTimeoutStopSec=5s`` (so a stuck scope turns ``failed`` quickly);
@@ -26,7 +26,7 @@ containerd runs inside as Debian's own ``containerd.service`` with
 ``SystemdCgroup = true`` (the CRI runtime option; ``ctr`` passes the same
 choice per task with ``--runc-systemd-cgroup``); journald runs inside too.
 runc-guard runs from the checkout, bound read-only at ``/opt/runc-guard``,
-under the machine's own python3. runc 1.3.4 (integration.runtimes) is bound
+under the machine's own python3. runc 1.3.4 (labkit.runtimes) is bound
 in at ``/opt/rg/runtimes``.
 
 The machine is stopped with SIGRTMIN+4 to its PID 1 (systemd's "halt"), by pid,
@@ -47,8 +47,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from integration import runtimes
-from integration.lab import BUSYBOX, CGROUP_ROOT, FreezerHold, procs, shim_of, unique, wait_for
+from labkit import runtimes
+from labkit.kernel import BUSYBOX, CGROUP_ROOT, FreezerHold, procs, shim_of, unique, wait_for
 
 NSPAWN = shutil.which("systemd-nspawn") or "/usr/bin/systemd-nspawn"
 DEBOOTSTRAP = shutil.which("debootstrap") or "/usr/sbin/debootstrap"
@@ -72,7 +72,7 @@ PACKAGES = (
 CACHE_ROOT = "/var/tmp/runc-guard-systemd-lab"
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHECKOUT = os.path.dirname(HERE)
-UNITS = os.path.join(HERE, "systemd")
+UNITS = os.path.join(HERE, "units")
 #: Where things appear inside the machine.
 GUARD_SRC = "/opt/runc-guard"
 GUARD_BIN = "/opt/rg/bin"
@@ -511,7 +511,7 @@ def booted_machine(
 
 
 def main() -> None:
-    """``python -m integration.systemd_lab [build]``: build the cached root (CI's install step)."""
+    """``python -m labkit.systemd [build]``: build the cached root (CI's install step)."""
     import sys
     import tempfile
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from integration.lab import unique, wait_for
+from labkit.kernel import unique, wait_for
 
 JOURNALD = "/lib/systemd/systemd-journald"
 

@@ -7,7 +7,7 @@ in a tar, which ``ctr -n k8s.io images import`` accepts on containerd 1.6 and
 2.2 alike. ``io.containerd.image.name`` in the index names the image: the
 importer uses that annotation as the full reference.
 
-- pause: ``integration/pause/pause.c`` compiled with ``gcc -static -Os`` (libc.a
+- pause: ``labkit/pause/pause.c`` compiled with ``gcc -static -Os`` (libc.a
   from libc6-dev): reaps children, exits 0 on SIGTERM/SIGINT.
 - busybox: Debian's busybox-static with the applets the suite runs.
 
@@ -26,7 +26,7 @@ import subprocess
 import tarfile
 from dataclasses import dataclass
 
-from integration.lab import BUSYBOX
+from labkit.kernel import BUSYBOX
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PAUSE_SOURCE = os.path.join(HERE, "pause", "pause.c")

@@ -5,7 +5,7 @@ frozen v1 freezer (a pending SIGKILL cannot kill them); init is SIGKILLed so run
 sees the container Stopped (Path B); then ``<binary> delete --force`` runs while a
 timer releases the hold after ``hold_seconds``. The result says how many cgroup
 directories were left, the binary's exit status, stderr, the ``--log`` lines and
-the pending records. ``python -m integration.scenario`` runs it and prints JSON,
+the pending records. ``python -m labkit.scenario`` runs it and prints JSON,
 which is how the kernel tests run it under pure cgroup v2 (``unshare -m``).
 """
 
@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from integration.lab import FREEZER, container_with_hold, read_lines, wait_for
+from labkit.kernel import FREEZER, container_with_hold, read_lines, wait_for
 
 
 def guard_env(workdir: str, **overrides: str) -> dict[str, str]:

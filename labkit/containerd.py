@@ -17,7 +17,7 @@ Every task gets its own containerd namespace, so its cgroups live under
 
 containerd 2.2 and other runc versions (additive API, every default unchanged)
 -------------------------------------------------------------------------------
-The same lab runs containerd 2.2.2 from ``integration.runtimes`` (the setting
+The same lab runs containerd 2.2.2 from ``labkit.runtimes`` (the setting
 ``RUNC_GUARD_TEST_RUNTIMES``). Pick a build and a runc by name::
 
     build = cl.require_build(cl.CONTAINERD_22)      # skips when absent; CONTAINERD_16: Debian's
@@ -59,8 +59,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from integration import runtimes
-from integration.lab import (
+from labkit import runtimes
+from labkit.kernel import (
     BUSYBOX,
     CGROUP_ROOT,
     FREEZER,

@@ -1,8 +1,8 @@
 """A private containerd with its CRI plugin, driven by crictl the way kubelet drives it.
 
-Built on ``integration.containerd_lab`` (own root, state, sockets and a fresh
+Built on ``labkit.containerd`` (own root, state, sockets and a fresh
 ``/run`` under ``unshare -m``), for containerd 1.6.20 (Debian, config v2) and
-2.2.2 (``integration.runtimes``, config v3):
+2.2.2 (``labkit.runtimes``, config v3):
 
 - the config starts as that containerd's own ``containerd config default``; the
   test support points root/state/sockets/CNI/opt into the lab's directory, turns
@@ -18,9 +18,9 @@ Built on ``integration.containerd_lab`` (own root, state, sockets and a fresh
 - pods are host-network (no CNI), cgroupfs driver (``SystemdCgroup = false``),
   cgroup parent ``/<lab prefix>/pod<uid>`` (unique per lab and pod), so every
   container's cgroup is ``/<prefix>/pod<uid>/<container id>`` in every hierarchy.
-- images (pause, busybox) come from ``integration.images``: no network.
+- images (pause, busybox) come from ``labkit.images``: no network.
 
-``CriLab.crictl`` runs crictl from ``integration.runtimes`` against the private
+``CriLab.crictl`` runs crictl from ``labkit.runtimes`` against the private
 socket. Objects are named uniquely, so labs and tests run in parallel (xdist).
 """
 
@@ -42,9 +42,9 @@ from typing import Any
 
 import tomlkit
 
-from integration import containerd_lab as cl
-from integration import images
-from integration.lab import (
+from labkit import containerd as cl
+from labkit import images
+from labkit.kernel import (
     CGROUP_ROOT,
     FreezerHold,
     cgroup_mount_points,
@@ -720,7 +720,7 @@ def lab_for(version: str, factory: Any, **overrides: str) -> Iterator[CriLab]:
     """A CRI lab for ``version`` (skipping, naming the setting, when binaries are absent)."""
     import pytest
 
-    from integration import runtimes
+    from labkit import runtimes
 
     build = cl.require_build(version)
     crictl = runtimes.require(runtimes.CRICTL)
