@@ -64,7 +64,7 @@ def percentile_ms(values: Sequence[float], pct: float) -> float:
 
 
 def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    """A GitHub-markdown table, so it can be pasted into the README as printed."""
+    """A GitHub-markdown table, so it can be pasted into docs/benchmarks.md as printed."""
     out = sys.stdout
     out.write(f"\n### {title}\n\n")
     out.write("| " + " | ".join(headers) + " |\n")

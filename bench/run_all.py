@@ -2,7 +2,7 @@
 
 Each benchmark runs as its own interpreter, one after the other (never two at
 once: they would disturb each other's timings), and prints its markdown tables;
-``--output FILE`` also collects them in one file for the README. A benchmark
+``--output FILE`` also collects them in one file for docs/benchmarks.md. A benchmark
 that fails is reported and the others still run; the exit status is non-zero
 if any failed. Nothing here asserts a timing: the tables are the result.
 Run as root from the repository root: ``python -m bench.run_all [--quick]``.
