@@ -3,10 +3,11 @@
 Set-up per run (lighter than a runc container, same code path in runc-guard):
 a fresh container cgroup in every hierarchy of the layout, one process in all of
 them (a ``cat`` reading a pipe from us), a runc ``state.json`` naming those
-cgroups, and ``runc-guard delete --force`` run with ``/bin/true`` as the runtime
-(runc's delete itself is not what is measured) and ``kill_stragglers = false``
-(the process must leave when *we* say). Once runc-guard sits in its wait (its
-runtime child is gone and it is in poll/sleep), we close the pipe: the process
+cgroups, and ``runc-guard delete --force`` run with a stand-in runtime that only
+removes the state, as runc's delete does (runc's delete itself is not what is
+measured), and ``kill_stragglers = false`` (the process must leave when *we*
+say). Once runc-guard sits in its wait (its runtime child is gone and it is in
+poll/sleep), we close the pipe: the process
 exits. We time its exit from a pidfd (readable when the task has exited, after
 it left its cgroups) and the removal of every directory from inotify
 ``IN_DELETE`` on their parents: latency = last rmdir seen - exit.
@@ -58,7 +59,7 @@ from bench.common import (
     remove_subtree,
     subreaper,
 )
-from labkit.kernel import guard_is_waiting, read_jsonl, wait_reported
+from labkit.kernel import guard_is_waiting, read_jsonl, script, wait_reported
 from labkit.scenario import guard_env
 
 IN_DELETE = 0x200
@@ -214,7 +215,9 @@ def measure(layout: str, runs: int, long_runs: int, long_hold: float, shim: str)
     short: list[dict[str, Any]] = []
     long: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix=f"{PREFIX}-") as workdir:
-        env = guard_env(workdir, RUNC_GUARD_RUNTIME="/bin/true", RUNC_GUARD_KILL_STRAGGLERS="false",
+        state_root = os.path.join(workdir, "runc-root")
+        runtime = script(os.path.join(workdir, "runtime"), f'for id; do :; done\nrm -rf "{state_root}/$id"')
+        env = guard_env(workdir, RUNC_GUARD_RUNTIME=runtime, RUNC_GUARD_KILL_STRAGGLERS="false",
                         RUNC_GUARD_DELETE_TIMEOUT="30")
         try:
             for m in mounts:
