@@ -95,8 +95,23 @@ def read_jsonl(path: str) -> list[dict]:  # type: ignore[type-arg]
     return [json.loads(line) for line in read_lines(path) if line.strip()]
 
 
+def spool_reporters(spool: str) -> list[int]:
+    """Pids with the spool's lock file open: the reporter (the delete that started it took the lock
+    for it, so /proc/locks names that delete's pid, not the reporter's)."""
+    lock = os.path.join(spool, ".reporter.lock")
+    found = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        if lock in links:
+            found.append(pid)
+    return found
+
+
 def spool_lock_holder(spool: str) -> int:
-    """The pid holding the spool's reporter flock (from /proc/locks, without taking it); 0 if none."""
+    """The pid that took the spool's reporter flock (/proc/locks, without taking it); 0 if none."""
     try:
         ino = os.stat(os.path.join(spool, ".reporter.lock")).st_ino
     except FileNotFoundError:

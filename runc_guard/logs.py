@@ -21,7 +21,7 @@ import structlog
 
 from runc_guard import journal
 from runc_guard.atomic import append_line
-from runc_guard.spool import pending_files, try_lock
+from runc_guard.spool import pending_files, read_spooled, try_lock
 
 #: How long a reporter waits for more entries before it exits (a storm shares one).
 LINGER = 2.0
@@ -101,13 +101,15 @@ def send_entries(
 def send_spooled(path: str, loggers: dict[tuple[str, str], Any]) -> int:
     """Send one spool file's entries, then unlink it; returns how many were sent.
 
-    A file that does not parse (it cannot be half-written: it came by rename)
-    is reported once as ``spool_unreadable`` and removed, so it cannot stall the spool.
+    A file that does not parse or is not ours (it cannot be half-written: it
+    came by rename) is reported as ``spool_unreadable`` and removed, so it
+    cannot stall the spool.
     """
     try:
-        with open(path, "rb") as f:
-            doc = json.loads(f.read())
+        doc = read_spooled(path)
         sink, entries = doc["sink"], doc["entries"]
+        if not isinstance(sink, dict):
+            raise TypeError("sink is not a table")
         target = (str(sink["journal_socket"]), str(sink["log_file"]))
     except FileNotFoundError:
         return 0  # another reporter (a sweep) sent it
@@ -121,6 +123,22 @@ def send_spooled(path: str, loggers: dict[tuple[str, str], Any]) -> int:
     except OSError:
         pass
     return sent
+
+
+def reporter_main(directory: str, linger: float, held: int) -> None:
+    """The detached reporter (``delete.report.detach_reporter`` starts it in a session of its own).
+
+    ``held`` is the spool's lock, taken for it by the delete that started it. First
+    it closes every other fd it inherited but stdio (/dev/null): a pipe or the
+    claim flock of that delete must not outlive the delete.
+    """
+    try:
+        top = os.sysconf("SC_OPEN_MAX")
+    except (OSError, ValueError):
+        top = 1 << 20
+    os.closerange(3, held)
+    os.closerange(held + 1, top)
+    drain_spool(directory, linger, held=held)
 
 
 def drain_spool(directory: str, linger: float = LINGER, poll: float = POLL, held: int | None = None) -> int:

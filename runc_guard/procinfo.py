@@ -105,3 +105,26 @@ def started_monotonic(pid: int | None = None, proc: str = "/proc") -> float | No
         return None
     age = time.clock_gettime(time.CLOCK_BOOTTIME) - start / os.sysconf("SC_CLK_TCK")
     return time.monotonic() - max(0.0, age)
+
+
+def deadline_origin(proc: str = "/proc") -> float | None:
+    """When containerd's budget for this call started, on the time.monotonic() clock.
+
+    containerd times its dead-shim cleanup (``containerd-shim-runc-v2 ... delete``,
+    ``io.containerd.timeout.shim.cleanup``) from the moment it starts that shim,
+    which then runs us; in a crash storm the shim itself can wait seconds for a CPU
+    before it gets to exec runc-guard. So when our parent is such a shim ``delete``
+    the budget counts from its start, else from ours. The parent's command line
+    can only move the deadline earlier, never later.
+    """
+    own = started_monotonic(None, proc)
+    parent = os.getppid()
+    try:
+        with open(f"{proc}/{parent}/cmdline", "rb") as f:
+            args = [a for a in f.read().split(b"\0") if a]
+    except OSError:
+        return own
+    if len(args) < 2 or args[-1] != b"delete" or not os.path.basename(args[0]).startswith(b"containerd-shim"):
+        return own
+    shim = started_monotonic(parent, proc)
+    return shim if own is None else min(own, shim if shim is not None else own)

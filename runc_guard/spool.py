@@ -2,12 +2,16 @@
 
 Written by the delete (and the shim's step-aside) before they exit, read by the
 one reporter that holds the spool's flock (``logs.drain_spool``) and by the
-sweep. A file appears by rename, so it is never seen half-written. Stdlib only.
+sweep. A file appears by rename, so it is never seen half-written. The format
+is ``marshal`` (a builtin: the shim's step-aside in a crash storm must not pay
+for ``json``'s import); like the settings cache, a file is read only if it is
+ours and not writable by others, so hostile bytes never reach ``marshal.loads``.
+Stdlib only.
 """
 
 from __future__ import annotations
 
-import json
+import marshal
 import os
 import time
 from collections.abc import Mapping
@@ -31,9 +35,43 @@ def write_spool(directory: str, entries: list[dict[str, object]], sink: Mapping[
     """
     name = f"{time.time_ns():020d}-{os.getpid()}{SUFFIX}"
     path = os.path.join(directory, name)
-    data = json.dumps({"sink": dict(sink), "entries": entries}, default=str).encode()
+    doc = {"sink": dict(sink), "entries": entries}
+    try:
+        data = marshal.dumps(doc)
+    except ValueError:  # a value marshal cannot carry: as text, as json's default=str would
+        data = marshal.dumps(_plain(doc))  # type: ignore[arg-type]
     write_atomic(path, data, mode=0o600, durable=False, dir_mode=0o700)
     return path
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
+
+
+def read_spooled(path: str) -> dict[str, object]:
+    """One spool file's document. Raises OSError (gone, or not ours: never unmarshalled)
+    and ValueError (not a spool document)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise ValueError(f"{path} is not owned by us or is writable by others")
+        data = os.read(fd, st.st_size + 1)
+    finally:
+        os.close(fd)
+    try:
+        doc = marshal.loads(data)
+    except (EOFError, TypeError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: not a spool document")
+    return doc
 
 
 def pending_files(directory: str) -> list[str]:

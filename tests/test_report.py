@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from labkit.kernel import read_jsonl, script, spool_lock_holder, wait_for, wait_reported
+from labkit.kernel import read_jsonl, script, spool_lock_holder, spool_reporters, wait_for, wait_reported
 from labkit.scenario import guard_env
 from runc_guard.delete.report import EventLog
 from runc_guard.logs import drain_spool
@@ -52,16 +52,20 @@ def test_spooled_entries_are_sent_then_unlinked(tmp_path: Any) -> None:
     assert pending_files(spool) == []
 
 
-def test_unreadable_spool_file_is_dropped_not_stuck(tmp_path: Any) -> None:
-    """A spool file that does not parse is removed, so it cannot stall every later entry."""
+def test_unreadable_or_foreign_spool_files_are_dropped_not_stuck(tmp_path: Any) -> None:
+    """A spool file that does not parse, or that others could have written (never unmarshalled),
+    is removed, so it cannot stall every later entry."""
     tmp = str(tmp_path)
     spool = spool_dir(os.path.join(tmp, "cache"))
     os.makedirs(spool)
     with open(os.path.join(spool, "0001-1.entries"), "w") as f:
-        f.write("{not json")
+        f.write("{not marshal")
+    foreign = write_spool(spool, [{"event": "planted", "level": "info"}], _sink(tmp))
+    os.chmod(foreign, 0o666)
     write_spool(spool, [{"event": "delete", "level": "info"}], _sink(tmp))
     assert drain_spool(spool, linger=0) == 1
     assert pending_files(spool) == []
+    assert [e["event"] for e in read_jsonl(os.path.join(tmp, "events.jsonl"))] == ["delete"]
 
 
 def test_a_held_lock_means_another_reporter_drains(tmp_path: Any) -> None:
@@ -105,8 +109,8 @@ def test_reporter_leaves_the_callers_session_and_pipes(shim_binary: str, workdir
                           env=_env(workdir, "3"), timeout=30, check=False)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
     spool = spool_dir(os.path.join(workdir, "cache"))
-    assert wait_for(lambda: spool_lock_holder(spool) != 0, 10, 0.005)
-    reporter = spool_lock_holder(spool)
+    assert wait_for(lambda: spool_lock_holder(spool) != 0 and bool(spool_reporters(spool)), 10, 0.005)
+    (reporter,) = spool_reporters(spool)
     try:
         assert os.getsid(reporter) == reporter != os.getsid(0)
         assert [os.readlink(f"/proc/{reporter}/fd/{fd}") for fd in (0, 1, 2)] == ["/dev/null"] * 3

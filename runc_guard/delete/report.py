@@ -3,13 +3,13 @@
 containerd's shim waits for the runtime's exit status; the canonical entry is
 for an operator, later. So the delete path collects its entries as plain dicts
 (``EventLog``, no structlog on containerd's critical path), writes them into one
-spool file (tmpfs, atomic rename) before it exits, and forks a reporter that
-leaves the caller's session and stdio before the status is returned. The
-reporter (``logs.drain_spool``) renders them through structlog to journald.
+spool file (tmpfs, atomic rename) before it exits, and, unless a reporter is
+already running, spawns one in a session of its own with /dev/null for stdio.
+The reporter (``logs.reporter_main``) renders them through structlog to journald.
 
-One reporter drains for everybody: a reporter that cannot take the spool's
-lock exits at once, the one holding it lingers for more entries and re-checks
-after it lets go. An entry is unlinked only after it was sent, so a reporter
+One reporter drains for everybody: it holds the spool's lock, lingers for more
+entries and re-checks after it lets go, so a delete that finds the lock held
+starts none. An entry is unlinked only after it was sent, so a reporter
 killed mid-way loses nothing (the next reporter, or ``runc-guardctl sweep``,
 sends it; at worst twice). Stdlib only.
 """
@@ -70,56 +70,49 @@ class EventLog:
         self._add("error", event, fields)
 
 
+#: The reporter's program: a fresh interpreter, runc-guard found where this process found it.
+_REPORTER = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from runc_guard.logs import reporter_main;"
+    " reporter_main(sys.argv[2], float(sys.argv[3]), 3)"
+)
+#: The fd the reporter finds the spool's lock on, already taken for it.
+_LOCK_FD = 3
+
+
 def detach_reporter(directory: str, linger: float) -> int:
-    """Fork a reporter that drains ``directory`` (then waits ``linger`` s for more); returns its pid.
+    """Start a reporter for ``directory`` unless one is running; returns its pid (0: none started).
 
-    0 if fork failed: the entries wait in the spool for the next reporter or sweep.
-
-    The child leaves the caller's session (a kill of containerd's shim or of
-    our process group does not reach it) and closes every inherited fd first:
-    go-runc waits until the runtime's stdout/stderr pipes close, and a held
-    flock (the per-id claim) must not outlive this process.
+    A reporter already holding the spool's lock re-checks the spool after it lets
+    go, so it sends our entries too: in a crash storm one reporter serves them all
+    and structlog is loaded once. Otherwise we take the lock and hand it to a
+    reporter we spawn (as its fd 3), so no other delete starts one meanwhile.
+    posix_spawn: no copy of this process and no wait for the child to be
+    scheduled; in a session of its own, so a kill of containerd's shim or of our
+    process group does not reach it; /dev/null for stdio, since go-runc waits
+    until the runtime's stdout/stderr pipes close. If it cannot be started the
+    entries wait in the spool for the next reporter or ``runc-guardctl sweep``.
     """
+    lock = try_lock(directory)
+    if lock is None:
+        return 0
+    import sys
+
+    import runc_guard
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(runc_guard.__file__)))
+    argv = [sys.executable, "-I", "-c", _REPORTER, root, directory, repr(linger)]
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
-        ready_r, ready_w = os.pipe()
-        pid = os.fork()
+        actions = [(os.POSIX_SPAWN_DUP2, null, fd) for fd in (0, 1, 2)]
+        actions.append((os.POSIX_SPAWN_DUP2, lock, _LOCK_FD))
+        if not sys.executable:
+            return 0
+        return os.posix_spawn(sys.executable, argv, dict(os.environ), file_actions=actions, setsid=True)
     except OSError:
         return 0
-    if pid:
-        # Return (and so exit) only once the child has its own session: a kill of our
-        # process group right after the caller has our status must not reach it.
-        os.close(ready_w)
-        os.read(ready_r, 1)
-        os.close(ready_r)
-        return pid
-    status = 0
-    try:
-        os.setsid()
-        os.close(ready_r)
-        os.close(ready_w)
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        os.closerange(3, _max_fd())
-        import signal
-
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL)
-        lock = try_lock(directory)
-        if lock is not None:  # else a reporter is draining: it will find our entries
-            from runc_guard.logs import drain_spool
-
-            drain_spool(directory, linger, held=lock)
-    except BaseException:  # noqa: BLE001 - a detached child must never return into the caller's code
-        status = 1
-    os._exit(status)
-
-
-def _max_fd() -> int:
-    try:
-        return os.sysconf("SC_OPEN_MAX")
-    except (OSError, ValueError):
-        return 1024
+    finally:
+        os.close(null)
+        os.close(lock)  # the reporter's copy keeps the flock (one open file description)
 
 
 def deliver(log: EventLog, settings: Settings, directory: str) -> None:

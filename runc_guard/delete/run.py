@@ -71,7 +71,7 @@ from runc_guard.errors import (
     StateUnreadable,
     UnsafeCgroupPath,
 )
-from runc_guard.procinfo import init_alive, start_wall_time, started_monotonic
+from runc_guard.procinfo import deadline_origin, init_alive, start_wall_time
 from runc_guard.settings import Settings, first_report
 from runc_guard.shim.argv import Invocation
 from runc_guard.spool import spool_dir
@@ -607,7 +607,7 @@ def run_delete(
     """
     run: DeleteRun | None = None
     try:
-        run = DeleteRun(invocation, args, runtime, settings, started=started_monotonic())
+        run = DeleteRun(invocation, args, runtime, settings, started=deadline_origin())
         for problem in settings.problems:
             if first_report(settings.cache_dir, settings.config_file, problem):
                 run.log.error("config_invalid", reason=problem)

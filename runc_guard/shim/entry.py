@@ -72,10 +72,21 @@ def _startup_slot(
     """
     import time
 
-    from runc_guard.procinfo import started_monotonic
-    from runc_guard.shim.startup import MAX_WAIT, acquire, slots
+    from runc_guard.procinfo import deadline_origin
+    from runc_guard.shim.startup import MAX_WAIT, MIN_BUDGET, acquire, slots
 
-    started = started_monotonic() or time.monotonic()
+    started = deadline_origin() or time.monotonic()
+    left = started + settings.delete_timeout - time.monotonic()
+    if left < MIN_BUDGET:
+        spent = int((time.monotonic() - started) * 1000)
+        _report_overloaded(
+            invocation,
+            settings,
+            environ,
+            f"containerd's budget for this delete was {spent} ms old when runc-guard started"
+            f" (the node is overloaded); runc-guard stepped aside and ran the runtime alone",
+        )
+        return None
     deadline = min(started + settings.delete_timeout, time.monotonic() + MAX_WAIT)
     slot = acquire(os.path.join(settings.cache_dir, "startup"), deadline)
     if slot is None:
@@ -104,7 +115,7 @@ def _report_overloaded(
         directory = spool_dir(settings.cache_dir)
         sink = {"journal_socket": settings.journal_socket, "log_file": settings.log_file}
         write_spool(directory, log.entries, sink)
-        detach_reporter(directory, 0.0)  # a storm has reporters lingering already
+        detach_reporter(directory, settings.reporter_linger)
     except Exception:  # noqa: BLE001 - reporting never changes the call
         _journal(environ, "startup_overloaded", reason, 4)
 
