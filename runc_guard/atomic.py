@@ -12,6 +12,27 @@ from __future__ import annotations
 import os
 
 
+def read_trusted(path: str, limit: int) -> bytes | None:
+    """A file's bytes (at most ``limit``), only if it is ours and writable by nobody else.
+
+    The one gate in front of ``marshal.loads`` (the settings cache, the spool):
+    hostile bytes must never reach it. None when absent, foreign or unreadable.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            return None
+        return os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def append_line(path: str, line: str, mode: int = 0o644, make_dirs: bool = False) -> bool:
     """Append ``line`` (with its newline) in one write(2); False if it cannot be written.
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import marshal
 import os
 
+from runc_guard.atomic import read_trusted, write_atomic
 from runc_guard.errors import ConfigError
 from runc_guard.values import Value
 
@@ -96,8 +97,6 @@ def _write_cache(cache: str, path: str, key: tuple[int, ...], data: dict[str, ob
         os.makedirs(directory, mode=0o700, exist_ok=True)
         if not _trusted(os.lstat(directory)):
             return
-        from runc_guard.atomic import write_atomic  # only on a cache miss
-
         write_atomic(cache, blob, 0o600, durable=False, dir_mode=0o700)
     except OSError:
         pass
@@ -122,8 +121,6 @@ def _keep_last_good(directory: str, path: str, data: dict[str, object]) -> None:
         return
     try:
         blob = marshal.dumps((path, routing))
-        from runc_guard.atomic import write_atomic
-
         write_atomic(_last_good_file(directory, path), blob, 0o600, durable=False, dir_mode=0o700)
     except (OSError, ValueError):
         pass
@@ -177,17 +174,7 @@ def first_report(cache_directory: str | None, path: str, problem: str) -> bool:
 
 
 def _read_trusted(path: str) -> bytes | None:
-    """A cache file's bytes, only if it is ours and not writable by others (marshal input)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not _trusted(os.fstat(fd)):
-            return None
-        return os.read(fd, MAX_CONFIG_BYTES * 4)
-    finally:
-        os.close(fd)
+    return read_trusted(path, MAX_CONFIG_BYTES * 4)
 
 
 def read_settings_file(path: str, cache_directory: str | None) -> dict[str, object]:

@@ -16,11 +16,13 @@ import os
 import time
 from collections.abc import Mapping
 
-from runc_guard.atomic import write_atomic
+from runc_guard.atomic import read_trusted, write_atomic
 
 #: Files of the spool end in this; the lock and temp files do not.
 SUFFIX = ".entries"
 LOCK = ".reporter.lock"
+#: A delete's entries are a few KiB; a sandbox's with its siblings' a few tens.
+MAX_SPOOL_BYTES = 16 << 20
 
 
 def spool_dir(cache_dir: str) -> str:
@@ -55,16 +57,13 @@ def _plain(value: object) -> object:
 
 
 def read_spooled(path: str) -> dict[str, object]:
-    """One spool file's document. Raises OSError (gone, or not ours: never unmarshalled)
-    and ValueError (not a spool document)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            raise ValueError(f"{path} is not owned by us or is writable by others")
-        data = os.read(fd, st.st_size + 1)
-    finally:
-        os.close(fd)
+    """One spool file's document. Raises FileNotFoundError (another reporter sent it) and
+    ValueError (not ours, or not a spool document: never unmarshalled)."""
+    data = read_trusted(path, MAX_SPOOL_BYTES)
+    if data is None:
+        if not os.path.lexists(path):
+            raise FileNotFoundError(path)
+        raise ValueError(f"{path} is not ours, or is writable by others")
     try:
         doc = marshal.loads(data)
     except (EOFError, TypeError) as exc:
