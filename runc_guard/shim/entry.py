@@ -73,11 +73,11 @@ def _startup_slot(
     import time
 
     from runc_guard.procinfo import deadline_origin
-    from runc_guard.shim.startup import MAX_WAIT, MIN_BUDGET, acquire, slots
+    from runc_guard.shim.startup import MAX_WAIT, MIN_BUDGET_SHARE, acquire, slots
 
     started = deadline_origin() or time.monotonic()
     left = started + settings.delete_timeout - time.monotonic()
-    if left < MIN_BUDGET:
+    if left < settings.delete_timeout * MIN_BUDGET_SHARE:
         spent = int((time.monotonic() - started) * 1000)
         _report_overloaded(
             invocation,

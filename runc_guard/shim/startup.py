@@ -28,10 +28,10 @@ POLL = 0.05
 #: Longest wait for a slot before stepping aside (seconds): a quarter of the
 #: default deadline, so a delete that got a slot late still has time to finish.
 MAX_WAIT = 1.0
-#: Less of containerd's budget left than this when a delete starts (its shim waited
-#: for a CPU that long): step aside at once. Killed by containerd at 5 s, a shim's
-#: delete leaves the task behind for good; the runtime alone is faster.
-MIN_BUDGET = 1.0
+#: Less than this share of the deadline left when a delete starts (its shim waited for
+#: a CPU that long; 1 s of the default 4): step aside at once. Killed by containerd at
+#: 5 s, a shim's delete leaves the task behind for good; the runtime alone is faster.
+MIN_BUDGET_SHARE = 0.25
 
 
 def slots() -> int:
