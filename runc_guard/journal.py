@@ -40,7 +40,7 @@ def encode(fields: dict[str, object]) -> bytes:
     return bytes(out)
 
 
-def _send_memfd(sock: socket.socket, socket_path: str, payload: bytes) -> None:
+def _send_memfd(sock: socket.socket, socket_path: str, payload: bytes, flags: int) -> None:
     fd = os.memfd_create("runc-guard-journal", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.write(fd, payload)
@@ -50,25 +50,33 @@ def _send_memfd(sock: socket.socket, socket_path: str, payload: bytes) -> None:
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
         # socket.send_fds() drops its address argument on 3.11: use sendmsg directly.
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))]
-        sock.sendmsg([b""], rights, socket.MSG_DONTWAIT, socket_path)
+        sock.sendmsg([b""], rights, flags, socket_path)
     finally:
         os.close(fd)
 
 
-def send(fields: dict[str, object], socket_path: str = DEFAULT_SOCKET) -> bool:
-    """Send one entry; True if journald took it, False if it is absent, refusing or full."""
+def send(fields: dict[str, object], socket_path: str = DEFAULT_SOCKET, wait: float = 0.0) -> bool:
+    """Send one entry; True if journald took it, False if it is absent, refusing or full.
+
+    ``wait``: how long a full journald may keep us (0: never; the shim's own calls).
+    The reporter, off containerd's path, waits: it sends a storm's entries back to
+    back, and a journald that is briefly behind must not push them to the file.
+    """
     payload = encode(fields)
     try:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
     except OSError:
         return False
     try:
+        flags = 0 if wait > 0 else socket.MSG_DONTWAIT
+        if wait > 0:
+            sock.settimeout(wait)
         try:
-            sock.sendto(payload, socket.MSG_DONTWAIT, socket_path)
+            sock.sendto(payload, flags, socket_path)
         except OSError as exc:
             if exc.errno not in (errno.EMSGSIZE, errno.ENOBUFS):
                 return False
-            _send_memfd(sock, socket_path, payload)
+            _send_memfd(sock, socket_path, payload, flags)
         return True
     except OSError:
         return False

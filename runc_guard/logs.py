@@ -23,6 +23,8 @@ from runc_guard import journal
 from runc_guard.atomic import append_line
 from runc_guard.spool import pending_files, read_spooled, try_lock
 
+#: How long the reporter lets a full journald keep it per entry before it uses the file.
+JOURNAL_WAIT = 2.0
 #: How long a reporter waits for more entries before it exits (a storm shares one).
 LINGER = 2.0
 POLL = 0.02
@@ -62,7 +64,7 @@ class Sink:
         self.log_file = log_file
 
     def __call__(self, _logger: object, _name: str, event_dict: MutableMapping[str, Any]) -> Any:
-        if not journal.send(journal_fields(event_dict), self.journal_socket):
+        if not journal.send(journal_fields(event_dict), self.journal_socket, wait=JOURNAL_WAIT):
             self._append_file(event_dict)
         raise structlog.DropEvent
 

@@ -69,3 +69,19 @@ def test_full_journald_never_blocks(receiver) -> None:  # type: ignore[no-untype
     path, _sock = receiver
     results = [journal.send({"MESSAGE": "y" * 1000}, path) for _ in range(2000)]
     assert results[0] is True and results[-1] is False
+
+
+def test_the_reporter_waits_for_a_full_journald(receiver) -> None:  # type: ignore[no-untyped-def]
+    """With ``wait`` (the reporter, off containerd's path) a full journald that catches up takes
+    the entry instead of losing it to the fallback file."""
+    import threading
+
+    path, sock = receiver
+    while journal.send({"MESSAGE": "y" * 1000}, path):  # fill the queue (non-blocking sends)
+        pass
+    reader = threading.Timer(0.2, lambda: [sock.recv(1 << 16) for _ in range(10)])
+    reader.start()
+    try:
+        assert journal.send({"MESSAGE": "after"}, path, wait=10.0) is True
+    finally:
+        reader.join()
