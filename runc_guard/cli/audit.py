@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from runc_guard.cli.scan import runtime_dirs, scan, scan_options
+from runc_guard.cli.scan import Where, runtime_dirs, scan, scan_options
 from runc_guard.delete.cgroupfs import RealCgroupFs, cgroup_mounts
 from runc_guard.errors import NoCgroupHierarchy, RuncGuardError
 from runc_guard.node.audit import (
@@ -53,13 +53,7 @@ def judge_options(func: F) -> F:
 
 def run_audit(
     settings: Settings,
-    cgroup_root: str,
-    kubepods: tuple[str, ...],
-    runtime_root: str,
-    bundle_root: str,
-    state_roots: tuple[str, ...],
-    orphans: bool,
-    min_age: float,
+    where: Where,
     max_leaked: int,
     pending_max_age: float,
     config_error: str | None = None,
@@ -67,24 +61,16 @@ def run_audit(
     """Scan, classify and judge; returns the report, the NPD exit code and the time."""
     fs = RealCgroupFs()
     now = time.time()
-    runtime = runtime_dirs(settings, runtime_root, bundle_root, state_roots, orphans)
-    discovery = scan(settings, cgroup_root, kubepods, fs, runtime, min_age)
-    report = audit(discovery, fs, runtime, now, min_age)
+    runtime = runtime_dirs(settings, where)
+    discovery = scan(settings, where, fs, runtime)
+    report = audit(discovery, fs, runtime, now, where.min_age)
     report.runtime = fronted_runtime(os.environ)
     code = judge(report, max_leaked, pending_max_age, config_error)
     return report, code, now
 
 
 def audit_leniently(
-    cgroup_root: str,
-    kubepods: tuple[str, ...],
-    runtime_root: str,
-    bundle_root: str,
-    state_roots: tuple[str, ...],
-    orphans: bool,
-    min_age: float,
-    max_leaked: int,
-    pending_max_age: float,
+    where: Where, max_leaked: int, pending_max_age: float
 ) -> tuple[Settings, str | None, AuditReport, int, float]:
     """:func:`run_audit` with the settings file read leniently, for audit and metrics.
 
@@ -94,10 +80,7 @@ def audit_leniently(
     """
     settings = load()
     config_error = "; ".join(settings.problems) or None
-    report, code, now = run_audit(
-        settings, cgroup_root, kubepods, runtime_root, bundle_root, state_roots,
-        orphans, min_age, max_leaked, pending_max_age, config_error,
-    )  # fmt: skip
+    report, code, now = run_audit(settings, where, max_leaked, pending_max_age, config_error)
     return settings, config_error, report, code, now
 
 
@@ -194,13 +177,7 @@ def _print_text(report: AuditReport, quiet: bool) -> None:
     "-q", "--quiet", is_flag=True, help="Print only the one-line message (what Node Problem Detector shows)."
 )
 def audit_cmd(
-    cgroup_root: str,
-    kubepods: tuple[str, ...],
-    runtime_root: str,
-    bundle_root: str,
-    state_roots: tuple[str, ...],
-    orphans: bool,
-    min_age: float,
+    where: Where,
     max_leaked: int,
     pending_max_age: float,
     metrics_file: str | None,
@@ -219,17 +196,7 @@ def audit_cmd(
     could not run); the first output line is the message.
     """
     try:
-        settings, config_error, report, code, now = audit_leniently(
-            cgroup_root,
-            kubepods,
-            runtime_root,
-            bundle_root,
-            state_roots,
-            orphans,
-            min_age,
-            max_leaked,
-            pending_max_age,
-        )
+        settings, config_error, report, code, now = audit_leniently(where, max_leaked, pending_max_age)
     except RuncGuardError as exc:
         click.echo(f"UNKNOWN: {exc}")
         raise SystemExit(NPD_UNKNOWN) from None
@@ -239,7 +206,9 @@ def audit_cmd(
         raise SystemExit(NPD_UNKNOWN) from None
     if metrics_file is not None:
         try:
-            write_metrics(settings, config_error, report, now, cgroup_root, kubepods, metrics_file)
+            write_metrics(
+                settings, config_error, report, now, where.cgroup_root, where.kubepods, metrics_file
+            )
         except OSError as exc:
             click.echo(f"warning: cannot write metrics: {exc}", err=True)
     if fmt == "json":

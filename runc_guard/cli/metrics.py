@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from runc_guard.cli.audit import audit_leniently, judge_options, write_metrics
-from runc_guard.cli.scan import scan_options
+from runc_guard.cli.scan import Where, scan_options
 
 
 @click.command(name="metrics", short_help="Write Prometheus metrics for node_exporter's textfile collector.")
@@ -21,13 +21,7 @@ from runc_guard.cli.scan import scan_options
     "/var/lib/node_exporter/textfile_collector/runc_guard.prom; - for stdout.",
 )
 def metrics_cmd(
-    cgroup_root: str,
-    kubepods: tuple[str, ...],
-    runtime_root: str,
-    bundle_root: str,
-    state_roots: tuple[str, ...],
-    orphans: bool,
-    min_age: float,
+    where: Where,
     max_leaked: int,
     pending_max_age: float,
     output: str,
@@ -45,11 +39,8 @@ def metrics_cmd(
     target = None if output == "-" else output
     # As the delete path does: valid keys apply, invalid ones keep their defaults and
     # are reported (runc_guard_config_valid 0); the audit's gauges still come out.
-    settings, config_error, report, _code, now = audit_leniently(
-        cgroup_root, kubepods, runtime_root, bundle_root, state_roots,
-        orphans, min_age, max_leaked, pending_max_age,
-    )  # fmt: skip
-    text = write_metrics(settings, config_error, report, now, cgroup_root, kubepods, target)
+    settings, config_error, report, _code, now = audit_leniently(where, max_leaked, pending_max_age)
+    text = write_metrics(settings, config_error, report, now, where.cgroup_root, where.kubepods, target)
     if output == "-":
         click.echo(text, nl=False)
     else:

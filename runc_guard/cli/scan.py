@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -13,6 +14,7 @@ from runc_guard.node.discovery import DEFAULT_KUBEPODS, Discovery, check_kubepod
 from runc_guard.node.orphans import DEFAULT_FLAT_ROOTS, DEFAULT_REDRIVE_TIMEOUT, Orphans, live_shim_ids
 from runc_guard.node.sweep import DEFAULT_BUNDLE_ROOT, DEFAULT_MIN_AGE, DEFAULT_RUNTIME_ROOT, RuntimeDirs
 from runc_guard.settings import Settings
+from runc_guard.values import Value
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -24,8 +26,44 @@ def _kubepods(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ..
         raise click.BadParameter(str(exc)) from None
 
 
+class Where(Value):
+    """Where sweep, audit and metrics look: the options they share, as one value."""
+
+    __slots__ = (
+        "bundle_root", "cgroup_root", "kubepods", "min_age", "orphans", "runtime_root", "state_roots",
+    )
+    cgroup_root: str
+    kubepods: tuple[str, ...]
+    runtime_root: str
+    bundle_root: str
+    state_roots: tuple[str, ...]
+    orphans: bool
+    min_age: float
+
+    def __init__(
+        self,
+        cgroup_root: str,
+        kubepods: tuple[str, ...],
+        runtime_root: str,
+        bundle_root: str,
+        state_roots: tuple[str, ...],
+        orphans: bool,
+        min_age: float,
+    ) -> None:
+        self._init(locals())
+
+
 def scan_options(func: F) -> F:
-    """Where to look: shared by sweep, audit and metrics so they always agree on "leaked"."""
+    """Where to look: shared by sweep, audit and metrics so they always agree on "leaked".
+
+    The command receives them as one ``where: Where`` argument.
+    """
+
+    @functools.wraps(func)
+    def command(**kw: Any) -> Any:
+        where = Where(**{name: kw.pop(name) for name in Where.__slots__})
+        return func(where=where, **kw)
+
     options = [
         click.option("--cgroup-root", default="/sys/fs/cgroup", show_default=True,
                      type=click.Path(file_okay=False),
@@ -53,44 +91,33 @@ def scan_options(func: F) -> F:
                      help="Keep cgroups and runtime state younger than this (a container being "
                           "created has its cgroup before its runtime state)."),
     ]
+    wrapped: Any = command
     for option in reversed(options):
-        func = option(func)
-    return func
+        wrapped = option(wrapped)
+    return wrapped  # type: ignore[no-any-return]
 
 
 def runtime_dirs(
-    settings: Settings,
-    runtime_root: str,
-    bundle_root: str,
-    state_roots: tuple[str, ...],
-    orphans: bool,
-    redrive_timeout: float = DEFAULT_REDRIVE_TIMEOUT,
+    settings: Settings, where: Where, redrive_timeout: float = DEFAULT_REDRIVE_TIMEOUT
 ) -> RuntimeDirs:
     """Where runtime state and bundles live, and (``orphans``) how orphaned state is judged and re-driven."""
-    plain = RuntimeDirs(runtime_root, bundle_root, tuple(state_roots))
-    if not orphans:
+    plain = RuntimeDirs(where.runtime_root, where.bundle_root, tuple(where.state_roots))
+    if not where.orphans:
         return plain
     judge = Orphans(
-        roots=(runtime_root, *state_roots),
+        roots=(where.runtime_root, *where.state_roots),
         has_bundle=plain.has_bundle,
         configured_runtime=settings.runtime,
         mounts=cgroup_mounts,
         shims=live_shim_ids(),
         timeout=redrive_timeout,
     )
-    return RuntimeDirs(runtime_root, bundle_root, tuple(state_roots), judge)
+    return RuntimeDirs(where.runtime_root, where.bundle_root, tuple(where.state_roots), judge)
 
 
-def scan(
-    settings: Settings,
-    cgroup_root: str,
-    kubepods: tuple[str, ...],
-    fs: RealCgroupFs,
-    runtime: RuntimeDirs,
-    min_age: float,
-) -> Discovery:
+def scan(settings: Settings, where: Where, fs: RealCgroupFs, runtime: RuntimeDirs) -> Discovery:
     """Find every container unit below the kubepods trees, the shim's pending records and orphaned state."""
     states = None
     if runtime.orphans is not None:
-        states = (runtime.orphans.scan(), time.time(), min_age)
-    return discover(cgroup_root, kubepods, settings.pending_dir, fs, cgroup_mounts(), states)
+        states = (runtime.orphans.scan(), time.time(), where.min_age)
+    return discover(where.cgroup_root, where.kubepods, settings.pending_dir, fs, cgroup_mounts(), states)

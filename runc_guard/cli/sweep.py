@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from runc_guard.cli.scan import F, runtime_dirs, scan, scan_options
+from runc_guard.cli.scan import F, Where, runtime_dirs, scan, scan_options
 from runc_guard.delete.cgroupfs import RealCgroupFs
 from runc_guard.node.orphans import DEFAULT_REDRIVE_TIMEOUT
 from runc_guard.node.pacing import PACING_MODES, PacingSettings
@@ -140,13 +140,7 @@ def _progress(enabled: bool) -> Callable[[int, int], None] | None:
               show_default=True, help="json: the full report, with per-batch timings.")
 @pacing_options
 def sweep(
-    cgroup_root: str,
-    kubepods: tuple[str, ...],
-    runtime_root: str,
-    bundle_root: str,
-    state_roots: tuple[str, ...],
-    orphans: bool,
-    min_age: float,
+    where: Where,
     batch: int,
     pause: float,
     max_sys_percent: float,
@@ -180,10 +174,10 @@ def sweep(
     """
     settings = load_settings()
     fs = RealCgroupFs()
-    runtime = runtime_dirs(settings, runtime_root, bundle_root, state_roots, orphans, redrive_timeout)
-    discovery = scan(settings, cgroup_root, kubepods, fs, runtime, min_age)
+    runtime = runtime_dirs(settings, where, redrive_timeout)
+    discovery = scan(settings, where, fs, runtime)
     options = SweepOptions(
-        min_age, batch, pause, max_sys_percent, max_slowdown, dry_run, **pacing_fields(**pacing)
+        where.min_age, batch, pause, max_sys_percent, max_slowdown, dry_run, **pacing_fields(**pacing)
     )
     sweeper = Sweeper(
         fs,
