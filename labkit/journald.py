@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import socket as sock
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -58,6 +59,24 @@ def available() -> bool:
     return os.access(JOURNALD, os.X_OK) and shutil.which("journalctl") is not None
 
 
+def _stay_connected(namespace: str) -> sock.socket | None:
+    """A stdout stream into the namespace's journald, held open for the lab's lifetime.
+
+    A namespace instance of journald exits after about a minute without clients
+    (seen here: alive at 40 s, gone at 70 s); a session-long lab would then find
+    its journal refusing entries. An open stdout stream counts as a client.
+    """
+    stream = sock.socket(sock.AF_UNIX, sock.SOCK_STREAM)
+    try:
+        stream.connect(f"/run/systemd/journal.{namespace}/stdout")
+        # identifier, unit id, priority, level prefix, forward to syslog, kmsg, console
+        stream.sendall(b"rg-lab-keepalive\n\n6\n0\n0\n0\n0\n")
+    except OSError:
+        stream.close()
+        return None
+    return stream
+
+
 @contextlib.contextmanager
 def private_journald(prefix: str = "rgtest") -> Iterator[Journald]:
     """Start journald in a fresh namespace; always stop it and remove its files."""
@@ -69,11 +88,15 @@ def private_journald(prefix: str = "rgtest") -> Iterator[Journald]:
         stderr=subprocess.DEVNULL,
     )
     socket = f"/run/systemd/journal.{namespace}/socket"
+    keepalive = None
     try:
         if not wait_for(lambda: os.path.exists(socket), 10):
             raise RuntimeError(f"journald (pid {proc.pid}) did not create {socket}")
+        keepalive = _stay_connected(namespace)
         yield Journald(namespace, socket, proc.pid)
     finally:
+        if keepalive is not None:
+            keepalive.close()
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
