@@ -615,7 +615,7 @@ def _tracee(parent: int, timeout: float = 10.0) -> int:
     return found[0]
 
 
-def _held_in_a_syscall(pid: int, timeout: float = 20.0, seen: list[str] | None = None) -> bool:
+def _held_in_a_syscall(pid: int, timeout: float = 20.0) -> bool:
     """True once ``pid`` sits in one syscall entry for 150 ms: strace's injected delay, not the
     brief stops strace makes at every syscall. (``/proc/<pid>/syscall``: number and arguments;
     state ``t``: stopped by its tracer.)"""
@@ -627,13 +627,9 @@ def _held_in_a_syscall(pid: int, timeout: float = 20.0, seen: list[str] | None =
                 call = f.read().strip()
             with open(f"/proc/{pid}/stat") as f:
                 state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError as exc:
-            if seen is not None:
-                seen.append(f"gone: {exc}")
+        except OSError:
             return False
         now = f"{state} {call}"
-        if seen is not None and now != last:
-            seen.append(now[:60])
         if now != last or state != "t" or call in ("running", "") or call.startswith("-1"):
             last, since = now, time.monotonic()
         elif time.monotonic() - since >= 0.15:
