@@ -14,9 +14,12 @@ from __future__ import annotations
 import marshal
 import os
 import time
-from collections.abc import Mapping
 
 from runc_guard.atomic import read_trusted, write_atomic
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 #: Files of the spool end in this; the lock and temp files do not.
 SUFFIX = ".entries"

@@ -684,7 +684,7 @@ def test_kill_stragglers_false_is_respected(lab: Lab) -> None:
 def test_second_delete_of_a_claimed_id_keeps_the_record(lab: Lab) -> None:
     """While another delete holds (root, id), a second one neither runs the runtime nor touches the
     record: exit 75 at its deadline, saying why."""
-    from runc_guard.delete.pending import claim
+    from runc_guard.delete.pending import Claim
 
     settings = Settings(**{**lab.settings.as_dict(), "delete_timeout": 0.0})
     dirs = lab.container("c1", pids=(4242,))
@@ -692,7 +692,7 @@ def test_second_delete_of_a_claimed_id_keeps_the_record(lab: Lab) -> None:
         lab.settings.pending_dir,
         PendingRecord("c1", lab.root, dirs, DEAD_PID, DEAD_START, "runc", time.time()),
     )
-    with claim(lab.settings.pending_dir, lab.root, "c1", lab.clock() + 10, lab.clock) as held:
+    with Claim(lab.settings.pending_dir, lab.root, "c1", lab.clock() + 10, lab.clock) as held:
         assert held == "claimed"
         assert lab.run("c1", lab.runtime(0), settings) == 75
     assert os.path.exists(record) and lab.runs() == [] and lab.fs.killed == []

@@ -26,6 +26,9 @@ SHARED_LEAVES = ("atomic", "errors", "journal", "procinfo", "settings", "spool",
 NOT_BEFORE_THE_REPLY = (
     "structlog", "tenacity", "psutil", "click", "prometheus_client", "asyncio", "dataclasses",
     "typing", "subprocess", "hashlib", "datetime", "tomllib",
+    # the stdlib's own heavy ones (docs/benchmarks.md, "import diet"): json loads re and enum,
+    # signal builds enums, contextlib and re load collections and functools
+    "json", "re", "enum", "contextlib", "collections", "functools", "signal", "fnmatch", "select",
 )  # fmt: skip
 
 
@@ -73,13 +76,10 @@ def test_delete_never_loads_node_or_cli(module: str) -> None:
 def test_delete_path_before_the_reply_is_light() -> None:
     """What the shim and the delete load before replying: none of the libraries that cost
     milliseconds each (the reporter loads structlog after the reply)."""
-    code = (
-        "import sys, json; import runc_guard.shim.entry, runc_guard.delete.run;"
-        "print(json.dumps(sorted(sys.modules)))"
-    )
+    code = "import sys; import runc_guard.shim.entry, runc_guard.delete.run; print(sorted(sys.modules))"
     out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True,
                          cwd="/")  # fmt: skip
-    loaded = set(json.loads(out.stdout))
+    loaded = set(ast.literal_eval(out.stdout))
     assert [m for m in NOT_BEFORE_THE_REPLY if m in loaded] == []
 
 

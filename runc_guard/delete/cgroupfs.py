@@ -8,16 +8,15 @@ decides *whether* to act; callers do that.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal's enums cost ~1 ms of every start
 import ctypes
 import errno
 import os
-import select
-import signal
 import time
-from collections.abc import Iterable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from typing import Protocol
 else:  # a plain base at run time: typing costs ~2.5 ms of every delete's start-up
     Protocol = object
@@ -146,8 +145,8 @@ class RealCgroupFs:
         try:
             if pid not in self.read_procs(path):
                 return False
-            signal.pidfd_send_signal(fd, 0)
-            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            _signal.pidfd_send_signal(fd, 0)
+            _signal.pidfd_send_signal(fd, _signal.SIGKILL)
             return True
         except ProcessLookupError:
             return False
@@ -180,6 +179,8 @@ class RealCgroupFs:
         there this is a plain sleep of one poll interval (``timeout``).
         ``paths`` must be cgroups found populated: one already empty returns at once.
         """
+        import select  # only when something is left to wait for
+
         poller = select.poll()
         fds: list[int] = []
         try:

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import errno
 import time
-from collections.abc import Callable, Sequence
 
 from runc_guard.delete.cgroupfs import CgroupFsOps
 from runc_guard.errors import EXIT_CGROUP_BUSY, EXIT_CGROUP_ERROR, RuncGuardError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
 
 #: Longest sleep while a cgroup2 ``cgroup.events`` can wake us: the event is the
 #: real signal, this only bounds the damage if a process left the unified tree.

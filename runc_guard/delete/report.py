@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
 
 from runc_guard.spool import try_lock, write_spool
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from runc_guard.settings import Settings
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}

@@ -22,14 +22,12 @@ dead (containerd's dead-shim cleanup only ever deletes the sandbox).
 
 from __future__ import annotations
 
-import contextlib
-import json
+import _signal  # type: ignore[import-not-found]  # signal's enums cost ~1 ms of every start
 import os
-import signal
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
 
+from runc_guard import cjson
 from runc_guard.atomic import append_line
 from runc_guard.delete import runclog
 from runc_guard.delete.cgroupfs import CgroupFsOps, RealCgroupFs, cgroup_mounts
@@ -45,8 +43,8 @@ from runc_guard.delete.outcomes import ALREADY_GONE, REMOVED, UNKNOWN, WARNING_O
 from runc_guard.delete.paths import check_container_paths, check_path
 from runc_guard.delete.pending import (
     BUSY,
+    Claim,
     PendingRecord,
-    claim,
     find_record,
     record_path,
     remove_record,
@@ -77,11 +75,15 @@ from runc_guard.shim.argv import Invocation
 from runc_guard.spool import spool_dir
 
 TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs ~2.5 ms of every delete's start-up
     from typing import Any, NoReturn
 
 PROG = "runc-guard"
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+FORWARDED = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP)
 #: Re-runs of the runtime's delete after it failed on a busy cgroup and kept its state.
 MAX_RUNTIME_RERUNS = 3
 
@@ -98,8 +100,15 @@ class Outcome(Exception):
         self.failed = failed
 
 
+def signal_name(signum: int) -> str:
+    """``SIGTERM`` for 15; the signal module (and its enums) only on an interrupted delete."""
+    import signal
+
+    return signal.Signals(signum).name
+
+
 def _raise_interrupted(signum: int, _frame: object) -> None:
-    raise Interrupted(signum, signal.Signals(signum).name)
+    raise Interrupted(signum, signal_name(signum))
 
 
 def _note_only(_signum: int, _frame: object) -> None:
@@ -167,7 +176,7 @@ class DeleteRun:
         """
         if final:
             for sig in FORWARDED:
-                signal.signal(sig, _note_only)
+                _signal.signal(sig, _note_only)
         if end.failed:
             self.fail(end.reason)
         total_ms = int((self.clock() - self.started) * 1000)
@@ -186,12 +195,12 @@ class DeleteRun:
     # -- the delete ------------------------------------------------------------
 
     def run(self, early_signals: Sequence[int] = ()) -> int:
-        previous = {sig: signal.signal(sig, _raise_interrupted) for sig in FORWARDED}
+        previous = {sig: _signal.signal(sig, _raise_interrupted) for sig in FORWARDED}
         try:
             try:
                 if early_signals:
                     signum = early_signals[0]
-                    raise Interrupted(signum, signal.Signals(signum).name)
+                    raise Interrupted(signum, signal_name(signum))
                 self._delete()
             except Interrupted as exc:
                 reason = f"{exc}; recorded for runc-guardctl sweep"
@@ -200,7 +209,7 @@ class DeleteRun:
             return self.finish(end)
         finally:
             for sig, handler in previous.items():
-                signal.signal(sig, handler)
+                _signal.signal(sig, handler)
         raise AssertionError("every delete ends with an Outcome")  # pragma: no cover
 
     def _delete(self) -> None:
@@ -222,7 +231,7 @@ class DeleteRun:
         self.canonical["runtime_ms"] = self.canonical.get("runtime_ms", 0) + run.waited_ms
         if run.signalled is not None:
             # The caller stopped us and so the runtime; its answer is our status.
-            name = signal.Signals(run.signalled).name
+            name = signal_name(run.signalled)
             reason = f"interrupted by {name} while the runtime ran; recorded for runc-guardctl sweep"
             raise Outcome("interrupted", run.status, reason, True)
         if run.timed_out:
@@ -291,8 +300,8 @@ class DeleteRun:
             self._finish_siblings(state)
         raise Outcome(*status)
 
-    def _claim(self) -> contextlib.AbstractContextManager[str]:
-        return claim(self.settings.pending_dir, self.root, self.container_id, self.deadline, self.clock)
+    def _claim(self) -> Claim:
+        return Claim(self.settings.pending_dir, self.root, self.container_id, self.deadline, self.clock)
 
     def _busy_reason(self) -> str:
         return f"another delete of {self.container_id} was still running at the deadline"
@@ -577,7 +586,7 @@ def _own_cost() -> dict[str, int]:
 
 def append_stats(stats_file: str, outcome: str, entry: Mapping[str, Any]) -> None:
     """One small line per delete for ``runc-guardctl metrics`` to aggregate (no daemon)."""
-    line = json.dumps(
+    line = cjson.dumps(
         {
             "time": round(time.time(), 3),
             "outcome": outcome,
@@ -618,7 +627,7 @@ def run_delete(
         from runc_guard.journal import send_minimal
 
         for sig in FORWARDED:
-            signal.signal(sig, _note_only)
+            _signal.signal(sig, _note_only)
         reason = f"internal error: {type(exc).__name__}: {exc}; recorded for runc-guardctl sweep"
         send_minimal(environ, "internal_error", traceback.format_exc(), priority=2)
         if run is None:

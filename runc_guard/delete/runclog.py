@@ -9,9 +9,9 @@ logrus text. runc 1.1 deletes nothing here, but containerd removes the bundle
 
 from __future__ import annotations
 
-import json
 import time
 
+from runc_guard import cjson
 from runc_guard.atomic import append_line
 
 
@@ -22,8 +22,8 @@ def _timestamp() -> str:
 def format_line(level: str, msg: str, log_format: str) -> str:
     """One logrus-style line, as runc writes it."""
     if log_format == "json":
-        return json.dumps({"level": level, "msg": msg, "time": _timestamp()}) + "\n"
-    return f"time={json.dumps(_timestamp())} level={level} msg={json.dumps(msg)}\n"
+        return cjson.dumps({"level": level, "msg": msg, "time": _timestamp()}) + "\n"
+    return f"time={cjson.dumps(_timestamp())} level={level} msg={cjson.dumps(msg)}\n"
 
 
 def append(log_path: str | None, level: str, msg: str, log_format: str) -> bool:

@@ -11,12 +11,15 @@ cgroup paths are safe to act on is decided separately (``paths``).
 from __future__ import annotations
 
 import errno
-import json
 import os
-from collections.abc import Callable, Mapping
 
+from runc_guard import cjson
 from runc_guard.errors import StateMissing, StateUnreadable
 from runc_guard.values import Value
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
 
 #: runc's state.json is ~10-40 KiB (it embeds the OCI-derived config).
 MAX_STATE_BYTES = 8 << 20
@@ -124,7 +127,7 @@ def _read_capped(path: str) -> bytes:
 
 def _json_object(raw: bytes, path: str) -> dict[str, object]:
     try:
-        doc = json.loads(raw)
+        doc = cjson.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise StateUnreadable(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
