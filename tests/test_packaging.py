@@ -101,13 +101,13 @@ def test_deb_contents(deb: str, tmp_path: Any) -> None:
 
 
 def test_deb_shim_launcher_imports_only_the_shim() -> None:
-    """/usr/bin/runc-guard runs Debian's python3 isolated and imports nothing but the shim."""
+    """/usr/bin/runc-guard runs Debian's python3 isolated, without site, and imports nothing but the shim."""
     with open(os.path.join(PACKAGING, "debian", "runc-guard")) as f:
         text = f.read()
-    assert text.startswith("#!/usr/bin/python3 -I\n")
+    assert text.startswith("#!/usr/bin/python3 -IS\n")
     code = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
-    assert code[-3:] == ["import sys", "from runc_guard.shim.entry import main", "sys.exit(main(_noted))"]
-    assert code[0] == "import _signal"  # builtin: the signal note costs no import
+    assert code[:3] == ["import sys", 'sys.path.append("/usr/lib/python3/dist-packages")', "import _signal"]
+    assert code[-2:] == ["from runc_guard.shim.entry import main", "sys.exit(main(_noted))"]
 
 
 def test_conffile_shows_the_real_defaults(tmp_path: Any) -> None:
@@ -573,7 +573,7 @@ def test_installed_deb_removes_cgroups_on_a_slow_delete(installed_deb: str, tmp_
     env = guard_env(str(tmp_path))
     # The hot path of the installed launcher, under Debian's interpreter.
     modules = imported_modules(
-        [DEB_PYTHON, "-I", "-X", "importtime", installed_deb, "--version"],
+        [DEB_PYTHON, "-IS", "-X", "importtime", installed_deb, "--version"],  # as its shebang runs it
         {**env, "RUNC_GUARD_RUNTIME": "/bin/true"},
     )
     assert "runc_guard.shim.entry" in modules
