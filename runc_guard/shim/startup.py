@@ -1,7 +1,8 @@
 """Start-up slots: a crash storm's deletes load the delete path a few at a time (stdlib only).
 
-Loading the delete path costs ~20-30 ms of CPU per delete (100-150 ms before it
-stopped importing structlog ahead of its reply). When a node's pods
+Starting a delete costs ~20 ms of CPU (an interpreter, then ~6 ms of imports;
+100-150 ms before it stopped importing structlog, json and re ahead of its
+reply). When a node's pods
 die together (dozens of dead-shim cleanups at once, each under containerd's 5 s
 budget), all of them loading at once on a small node share the CPU so evenly
 that none finishes in time: on 2 cores, 49 of 50 simultaneous deletes ran out of
