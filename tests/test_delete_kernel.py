@@ -60,6 +60,25 @@ def test_runc_guard_leaves_nothing(shim_binary: str, workdir: str) -> None:
     assert stats[-1]["outcome"] == entry["outcome"]
 
 
+def test_a_real_delete_loads_nothing_heavy_before_it_exits(shim_binary: str, workdir: str) -> None:
+    """The whole delete (wait, runc, removal, stats, spool, reporter hand-over) as the launcher
+    runs it, under ``-X importtime``: none of the modules test_layout keeps off the path is
+    imported, lazily either (the reporter loads structlog in its own interpreter)."""
+    from tests.test_layout import NOT_BEFORE_THE_REPLY
+
+    imports = os.path.join(workdir, "importtime.txt")
+    wrapper = script(
+        os.path.join(workdir, "timed-guard"),
+        f'exec {sys.executable} -X importtime {shim_binary} "$@" 2>>{imports}\n',
+    )
+    result = run_leak_scenario(wrapper, workdir, 0.3, guard_env(workdir))
+    assert result["exit_status"] == 0 and result["left"] == []
+    with open(imports) as f:
+        loaded = {ln.split("|")[-1].strip() for ln in f if ln.startswith("import time:")}
+    assert "runc_guard.delete.run" in loaded and "ctypes" in loaded  # it did take the full path
+    assert sorted(m for m in NOT_BEFORE_THE_REPLY if m in loaded) == []
+
+
 def test_deadline_gives_exit_75_log_line_and_record(shim_binary: str, workdir: str) -> None:
     """Held past delete_timeout: exit 75, reason on stderr and in --log (JSON error), record kept."""
     env = guard_env(workdir, RUNC_GUARD_DELETE_TIMEOUT="1")

@@ -28,7 +28,7 @@ NOT_BEFORE_THE_REPLY = (
     "typing", "subprocess", "hashlib", "datetime", "tomllib",
     # the stdlib's own heavy ones (docs/benchmarks.md, "import diet"): json loads re and enum,
     # signal builds enums, contextlib and re load collections and functools
-    "json", "re", "enum", "contextlib", "collections", "functools", "signal", "fnmatch", "select",
+    "json", "re", "enum", "contextlib", "collections", "functools", "signal", "fnmatch",
 )  # fmt: skip
 
 
