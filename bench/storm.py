@@ -33,6 +33,7 @@ from typing import Any
 from bench.common import print_table
 from labkit import containerd as cl
 from labkit.kernel import FreezerHold, wait_for
+from runc_guard.settings import Settings
 
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 
@@ -157,8 +158,12 @@ def main() -> int:
     delays = [round(rng.uniform(0.3, 3.0), 2) for _ in range(args.containers)]
     workdir = tempfile.mkdtemp(prefix="rgstorm-")
     rows = []
+    reasons: list[tuple[str, int]] = []
     try:
-        with cl.guarded_containerd(workdir, build=build, runc=runc) as lab, \
+        # The node's reporter linger (the labs use 0 so that tests see each entry at once):
+        # in a storm one reporter then serves every delete, as on a node.
+        node = {"RUNC_GUARD_REPORTER_LINGER": str(Settings().reporter_linger)}
+        with cl.guarded_containerd(workdir, build=build, runc=runc, **node) as lab, \
                 cl.namespace(lab.containerd) as ns:
             for label, binary in ((f"runc {args.runc} (stock)", runc), ("runc-guard", cl.guard_binary())):
                 result = storm(lab, ns, binary, delays)
@@ -186,6 +191,8 @@ def main() -> int:
                     " ".join(f"{k}={v}" for k, v in sorted(outcomes.items())) or "-",
                     f"{result['elapsed']:.1f}",
                 ])
+                if binary != runc:
+                    reasons = deadline_reasons(lab.settings, {t.id for t in result["tasks"]})
                 cl.remove_namespace(lab.containerd, ns)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -197,7 +204,21 @@ def main() -> int:
          "peak memory, all runc-guard", "outcomes", "storm s"],
         rows,
     )
+    print_table("Why runc-guard's deletes ended at the deadline (reason, numbers elided)",
+                ["reason", "deletes"], [[r, str(n)] for r, n in reasons])
     return 0
+
+
+def deadline_reasons(settings: dict[str, str], ids: set[str]) -> list[tuple[str, int]]:
+    """The storm's deadline outcomes grouped by reason, from the canonical entries."""
+    counts: dict[str, int] = {}
+    for entry in cl.guard_events(settings, "delete"):
+        if entry.get("outcome") == "deadline" and entry.get("container_id") in ids:
+            reason = str(entry.get("reason", ""))
+            words = ["N" if w.strip(",;()").isdigit() else w for w in reason.split()]
+            shape = " ".join(w for w in words if entry["container_id"] not in w)
+            counts[shape] = counts.get(shape, 0) + 1
+    return sorted(counts.items(), key=lambda kv: -kv[1])
 
 
 if __name__ == "__main__":
