@@ -272,3 +272,41 @@ def test_pure_v2_in_a_private_mount_namespace(v2_trees: Trees, tmp_path: Path) -
     assert sorted(os.path.basename(d) for d in os.scandir(pod_dir) if d.is_dir()) == sorted(
         [survivor, young]
     )
+
+
+def test_process_that_moves_in_after_the_look_is_refused_by_the_kernel(trees: Trees, tmp_path: Path) -> None:
+    """The sweep reads each dir once: a process moved in after that look is kept by the kernel (EBUSY)."""
+    from runc_guard.delete.cgroupfs import RealCgroupFs
+    from runc_guard.node.discovery import ContainerUnit, Discovery, Hierarchy
+    from runc_guard.node.sweep import RuntimeDirs, Sweeper, SweepOptions
+
+    hierarchy = one_hierarchy(trees.mounts)
+    pod = "kubepods/besteffort/pod5e6f7a8b"
+    late, early, clean = new_id(), new_id(), new_id()
+    units = [ContainerUnit(cid, dirs=trees.make(f"{pod}/{cid}"), pod=pod) for cid in (late, early, clean)]
+    trees.make(f"{pod}/{early}/nested")
+    trees.populate(os.path.join(trees.top(hierarchy), pod, early, "nested"))
+    target = os.path.join(trees.top(hierarchy), pod, late)
+
+    class MovesInLate(RealCgroupFs):
+        """The real kernel; before the first rmdir of ``late``'s unit a process moves into its dir."""
+
+        moved = False
+
+        def rmdir(self, path: str) -> None:
+            if not self.moved and os.path.basename(path) == late:
+                self.moved = True
+                trees.populate(target)
+            super().rmdir(path)
+
+    fs = MovesInLate()
+    discovery = Discovery([Hierarchy(m, "cgroup") for m in trees.mounts], {u.container_id: u for u in units})
+    runtime = RuntimeDirs(str(tmp_path / "runc"), str(tmp_path / "bundles"))
+    report = Sweeper(fs, runtime, SweepOptions(min_age=0, pause=0)).run(discovery)
+    assert fs.moved
+    assert report.kept == {"populated": 1, "busy": 1}
+    actions = {c["id"]: c["action"] for c in report.containers}
+    assert actions == {late: "kept:busy", early: "kept:populated", clean: "removed"}
+    assert os.path.isdir(target) and procs(target)  # the kernel refused: the process is still inside
+    assert all(os.path.isdir(d) for d in units[1].dirs)  # the populated unit is kept whole
+    assert not any(os.path.isdir(d) for d in units[2].dirs)

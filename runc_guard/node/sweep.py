@@ -26,7 +26,13 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from runc_guard.delete.cgroupfs import CgroupFsOps
-from runc_guard.delete.cleanup import CgroupRemovalFailed, CleanupReport, attempt_removal, subtree_leaf_first
+from runc_guard.delete.cleanup import (
+    CgroupRemovalFailed,
+    CleanupReport,
+    attempt_removal,
+    remove_listed,
+    subtree_leaf_first,
+)
 from runc_guard.delete.pending import remove_record
 from runc_guard.delete.systemd_scope import release_failed_scopes
 from runc_guard.errors import SweepLocked
@@ -372,7 +378,14 @@ class Sweeper:
         cleanup = CleanupReport()
         failed: CgroupRemovalFailed | None = None
         try:
-            remaining = attempt_removal(unit.dirs, self.fs, cleanup, kill=False)
+            if verdict.reason == "orphan_state":
+                # The runtime's delete ran since the look: look again while removing.
+                remaining = attempt_removal(unit.dirs, self.fs, cleanup, kill=False)
+            else:
+                # The look just taken found every directory empty: remove exactly those.
+                # No second read of each cgroup.procs (docs/sweep-pacing.md); one that
+                # was populated since is refused by the kernel (EBUSY) and kept as busy.
+                remaining = remove_listed(facts.present, self.fs, cleanup)
         except CgroupRemovalFailed as exc:
             failed, remaining = exc, {exc.path: ()}
         batch.containers += 1
