@@ -225,6 +225,8 @@ def test_rmdir_timer_times_every_rmdir_and_delegates(clock: FakeClock) -> None:
     assert timer.pid_dying(4242) == fs.pid_dying(4242)
     with pytest.raises(OSError, match="busy"):
         timer.rmdir("/cg/a")  # EBUSY: it has a child
+    timer.stop_load_balance("/cg/a/b")  # delegated, not timed as an rmdir
+    assert fs.load_balance_stopped == ["/cg/a/b"]
     timer.rmdir("/cg/a/b")
     assert timer.take() == pytest.approx([0.001, 0.001])
     assert timer.take() == []

@@ -441,6 +441,51 @@ def test_process_that_arrives_after_the_look_keeps_its_dir_busy(
     assert report.errors == []
 
 
+CPUSET = [Hierarchy("/cg/cpuset", "cgroup"), *HIERARCHIES]
+
+
+def test_v1_cpusets_of_removed_units_stop_load_balance_before_rmdir(
+    clock: FakeClock, runtime: RuntimeDirs
+) -> None:
+    """Only in the v1 cpuset hierarchy, only for units being removed, before the unit's rmdirs."""
+    fs = CountingFs(clock)
+    fs.add("/cg/cpuset/cpuset.sched_load_balance")  # the hierarchy's root file: v1 cpuset
+    order: list[str] = []
+    fs.before_rmdir = order.append
+    units = [add_unit(fs, n, CPUSET) for n in range(1, 4)]
+    nested = f"{units[0].dirs[0]}/nested"
+    fs.add(nested)
+    fs.dirs[units[1].dirs[1]] = [31337]  # a process: kept, its cpuset untouched
+    fs.alive.add(31337)
+    discovery = Discovery(CPUSET, {u.container_id: u for u in units})
+    report = sweeper(fs, runtime, Recorder()).run(discovery)
+    assert report.removed == 2 and report.kept == {"populated": 1}
+    assert fs.load_balance_stopped == [nested, units[0].dirs[0], units[2].dirs[0]]
+    assert order.index(nested) < order.index(units[0].dirs[0])
+
+
+def test_load_balance_errors_do_not_stop_the_removal(clock: FakeClock, runtime: RuntimeDirs) -> None:
+    """A cpuset whose flag cannot be written is removed anyway (the kernel then clears it itself)."""
+
+    class ReadOnlyFlag(CountingFs):
+        def stop_load_balance(self, path: str) -> None:
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+
+    fs = ReadOnlyFlag(clock)
+    fs.add("/cg/cpuset/cpuset.sched_load_balance")
+    units = [add_unit(fs, n, CPUSET) for n in range(1, 3)]
+    report = sweeper(fs, runtime, Recorder()).run(Discovery(CPUSET, {u.container_id: u for u in units}))
+    assert report.removed == 2 and report.errors == []
+    assert all(d not in fs.dirs for u in units for d in u.dirs)
+
+
+def test_no_cpuset_hierarchy_no_flag_writes(fs: AgedFs, runtime: RuntimeDirs) -> None:
+    """Without a v1 cpuset hierarchy (cgroup2, or cpuset not mounted) nothing is written."""
+    units = [add_unit(fs, n) for n in range(1, 3)]
+    report = sweeper(fs, runtime, Recorder()).run(discovery_of(*units))
+    assert report.removed == 2 and fs.load_balance_stopped == []
+
+
 def test_progress_is_reported(fs: AgedFs, runtime: RuntimeDirs) -> None:
     """The progress callback sees every removal with the total."""
     units = [add_unit(fs, n) for n in range(1, 4)]

@@ -310,3 +310,30 @@ def test_process_that_moves_in_after_the_look_is_refused_by_the_kernel(trees: Tr
     assert os.path.isdir(target) and procs(target)  # the kernel refused: the process is still inside
     assert all(os.path.isdir(d) for d in units[1].dirs)  # the populated unit is kept whole
     assert not any(os.path.isdir(d) for d in units[2].dirs)
+    for path in units[1].dirs:  # and a kept unit's cpuset is not touched
+        flag = os.path.join(path, "cpuset.sched_load_balance")
+        if os.path.exists(flag):
+            with open(flag) as f:
+                assert f.read().strip() == "1"
+
+
+def test_stop_load_balance_clears_a_v1_cpuset_only(trees: Trees) -> None:
+    """0 lands in a v1 cpuset's sched_load_balance; a dir of another hierarchy has no such file."""
+    from runc_guard.delete.cgroupfs import RealCgroupFs
+
+    cpuset = "/sys/fs/cgroup/cpuset"
+    if cpuset not in trees.mounts:
+        pytest.skip("needs the v1 cpuset hierarchy")
+    made = dict(zip(trees.mounts, trees.make(f"kubepods/pod1/{new_id()}"), strict=True))
+    fs = RealCgroupFs()
+    flag = os.path.join(made[cpuset], "cpuset.sched_load_balance")
+    with open(flag) as f:
+        assert f.read().strip() == "1"  # the kernel's default for a new v1 cpuset
+    fs.stop_load_balance(made[cpuset])
+    with open(flag) as f:
+        assert f.read().strip() == "0"
+    other = made[one_hierarchy(trees.mounts)]
+    with pytest.raises(FileNotFoundError):
+        fs.stop_load_balance(other)
+    fs.rmdir(made[cpuset])
+    assert not os.path.exists(made[cpuset])
