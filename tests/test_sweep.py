@@ -96,6 +96,8 @@ class Recorder:
 
 
 def sweeper(fs: AgedFs, runtime: RuntimeDirs, rec: Recorder, **options: object) -> Sweeper:
+    """The loop with fake time; the fixed pace unless a test asks (adaptive has its own tests)."""
+    options.setdefault("pacing", "fixed")
     return Sweeper(
         fs, runtime, SweepOptions(**options),  # type: ignore[arg-type]
         clock=rec.clock, wall=lambda: NOW, sleep=rec.sleep, cpu=rec.cpu,

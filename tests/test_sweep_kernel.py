@@ -186,7 +186,7 @@ def test_sweep_removes_exactly_the_orphans(trees: Trees, tmp_path: Path) -> None
     assert len(would) == expected
     assert set(would) == incident.orphan_ids
 
-    report = json.loads(sweep(trees, tmp_path, "--batch", "4000", "--pause", "0.2",
+    report = json.loads(sweep(trees, tmp_path, "--pacing", "fixed", "--batch", "4000", "--pause", "0.2",
                               "--max-sys-percent", "100", "--format", "json"))
     after = trees.snapshot()
     gone = before - after
@@ -221,7 +221,7 @@ def test_sweep_slows_down_while_sys_percent_is_high(trees: Trees, tmp_path: Path
     """With a 0% limit a batch that used measurable system CPU is followed by a slowdown, within the cap."""
     for _ in range(200):
         trees.make(f"kubepods/besteffort/pod1a2b3c4d/{new_id()}")
-    report = json.loads(sweep(trees, tmp_path, "--batch", "500", "--pause", "0",
+    report = json.loads(sweep(trees, tmp_path, "--pacing", "fixed", "--batch", "500", "--pause", "0",
                               "--max-sys-percent", "0", "--max-slowdown", "0.2", "--format", "json"))
     assert report["removed"] == 200
     batches: list[dict[str, Any]] = report["batches"]
@@ -264,7 +264,8 @@ def test_pure_v2_in_a_private_mount_namespace(v2_trees: Trees, tmp_path: Path) -
     v2_trees.make(f"kubepods/burstable/pod5e6f7a8b/{survivor}")
     v2_trees.populate(os.path.join(v2_trees.top(UNIFIED), "kubepods/burstable/pod5e6f7a8b", survivor))
     v2_trees.make(f"kubepods/burstable/pod5e6f7a8b/{young}", old=False)
-    report = json.loads(sweep(v2_trees, tmp_path, "--pause", "0", "--format", "json", prefix=PURE_V2))
+    report = json.loads(sweep(v2_trees, tmp_path, "--pacing", "fixed", "--pause", "0", "--format", "json",
+                              prefix=PURE_V2))
     assert report["hierarchies"] == ["/sys/fs/cgroup"]
     assert (report["removed"], report["dirs_removed"]) == (300, 300)
     assert report["kept"] == {"populated": 1, "too_young": 1}
@@ -302,7 +303,7 @@ def test_process_that_moves_in_after_the_look_is_refused_by_the_kernel(trees: Tr
     fs = MovesInLate()
     discovery = Discovery([Hierarchy(m, "cgroup") for m in trees.mounts], {u.container_id: u for u in units})
     runtime = RuntimeDirs(str(tmp_path / "runc"), str(tmp_path / "bundles"))
-    report = Sweeper(fs, runtime, SweepOptions(min_age=0, pause=0)).run(discovery)
+    report = Sweeper(fs, runtime, SweepOptions(min_age=0, pause=0, pacing="fixed")).run(discovery)
     assert fs.moved
     assert report.kept == {"populated": 1, "busy": 1}
     actions = {c["id"]: c["action"] for c in report.containers}

@@ -221,9 +221,9 @@ class SweepOptions:
     max_sys_percent: float = DEFAULT_MAX_SYS_PERCENT
     max_slowdown: float = DEFAULT_MAX_SLOWDOWN
     dry_run: bool = False
-    #: "fixed": ``batch`` dirs then ``pause`` s (slowed while sys% is high);
-    #: "adaptive": runc_guard.node.pacing decides both from what the node feels.
-    pacing: str = "fixed"
+    #: "adaptive" (default): runc_guard.node.pacing decides both from what the node feels;
+    #: "fixed": ``batch`` dirs then ``pause`` s (slowed while sys% is high).
+    pacing: str = "adaptive"
     pacing_settings: PacingSettings = field(default_factory=PacingSettings)
 
 
@@ -321,6 +321,7 @@ class Sweeper:
     def run(self, discovery: Discovery) -> SweepReport:
         started = self.clock()
         report = SweepReport(self.options.dry_run, [h.mount for h in discovery.hierarchies])
+        report.pacing = self.options.pacing
         report.errors.extend(f"{path}: {why}" for path, why in sorted(discovery.record_errors.items()))
         units = sorted(discovery.units.values(), key=lambda u: (u.pod, u.container_id))
         report.found = len(units)
