@@ -125,7 +125,8 @@ def sweep(lab: cl.GuardedLab, ns: str, runc: str, task_id: str) -> dict[str, Any
     ctl = os.path.join(os.path.dirname(sys.executable), "runc-guardctl")
     started = time.monotonic()
     proc = subprocess.run(
-        [ctl, "sweep", "--min-age", "0", "--pause", "0", "--format", "json", "--kubepods", ns,
+        [ctl, "sweep", "--min-age", "0", "--pacing", "fixed", "--pause", "0", "--format", "json",
+         "--kubepods", ns,
          "--runtime-root", state_root, "--bundle-root", bundle_root],
         capture_output=True, text=True, check=False, timeout=600,
         env={**os.environ, **lab.settings, "RUNC_GUARD_RUNTIME": runc},

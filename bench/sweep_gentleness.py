@@ -239,6 +239,12 @@ def main() -> int:  # noqa: PLR0915 - one linear script of phases
         default="first",
         help="per-second tables for the first round of each mode, every run, or none",
     )
+    parser.add_argument(
+        "--probe-hierarchy",
+        default="memory",
+        help="where the probe makes its cgroup (memory: the costliest css; cpuset: what a container "
+        "start's cpuset mkdir waits for)",
+    )
     args = parser.parse_args()
     ctl = os.path.join(os.path.dirname(sys.executable), "runc-guardctl")
     have_sweep = os.path.exists(ctl) and run_measured([ctl, "sweep", "--help"]).status == 0
@@ -249,7 +255,10 @@ def main() -> int:  # noqa: PLR0915 - one linear script of phases
         modes[extra] = (f"sweep {extra}", extra.split())
     mounts = cgroup_mounts()
     top = f"{PREFIX}-sweep-{uuid.uuid4().hex[:8]}"
-    probe_mount = next((m for m in mounts if m.endswith("/memory")), mounts[0])
+    fallback = mounts[0] if args.probe_hierarchy == "memory" else None  # as before, e.g. pure cgroup2
+    probe_mount = next((m for m in mounts if m.endswith("/" + args.probe_hierarchy)), fallback)
+    if probe_mount is None:
+        parser.error(f"no {args.probe_hierarchy} hierarchy mounted (have: {', '.join(mounts)})")
     probe_parent = os.path.join(probe_mount, f"{PREFIX}-probe-{uuid.uuid4().hex[:8]}")
     phases: list[dict[str, Any]] = []
     labels: list[str] = []
@@ -455,7 +464,7 @@ def report_tables(
         )
     print_table(
         f"Sweep gentleness: {args.containers} leaked containers x {len(mounts)} hierarchies; "
-        "probe = mkdir+rmdir of one cgroup every 5 ms; every run",
+        f"probe = mkdir+rmdir of one cgroup in {args.probe_hierarchy} every 5 ms; every run",
         [
             "phase",
             "round",

@@ -101,7 +101,7 @@ def _sweep(cell: Cell, ns: str, task_id: str) -> subprocess.CompletedProcess[str
     bundle = cell.containerd.bundle(ns, task_id)
     ctl = os.path.join(os.path.dirname(sys.executable), "runc-guardctl")
     return subprocess.run(
-        [ctl, "sweep", "--min-age", "0", "--pause", "0", "--format", "json",
+        [ctl, "sweep", "--min-age", "0", "--pacing", "fixed", "--pause", "0", "--format", "json",
          "--runtime-root", os.path.dirname(os.path.dirname(state)),
          "--bundle-root", os.path.dirname(os.path.dirname(bundle)),
          "--kubepods", ns],

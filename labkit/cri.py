@@ -576,6 +576,8 @@ def sweep(lab: CriLab, pod: Pod | None = None) -> subprocess.CompletedProcess[st
         tree,
         "--min-age",
         "0",
+        "--pacing",
+        "fixed",
         "--pause",
         "0",
         "--runtime-root",

@@ -40,6 +40,8 @@ class FakeCgroupFs:
         self.dying: set[int] = set()
         #: Directory mtimes; a directory added without one is as new as the clock.
         self.mtimes: dict[str, float] = {}
+        #: Directories whose v1 cpuset sched_load_balance was cleared, in order.
+        self.load_balance_stopped: list[str] = []
 
     def add(self, path: str, pids: Iterable[int] = (), mtime: float | None = None) -> None:
         self.dirs[path] = list(pids)
@@ -99,6 +101,11 @@ class FakeCgroupFs:
             raise OSError(errno.EBUSY, "Device or resource busy", path)
         del self.dirs[path]
         self.rmdirs.append(path)
+
+    def stop_load_balance(self, path: str) -> None:
+        if path not in self.dirs:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        self.load_balance_stopped.append(path)
 
     def wait_for_change(self, paths: Iterable[str], timeout: float, event_timeout: float) -> None:
         self.waits.append((tuple(paths), timeout, event_timeout))

@@ -8,7 +8,14 @@ import sys
 
 import pytest
 
-from runc_guard.delete.cleanup import CgroupBusy, CgroupRemovalFailed, drain, subtree_leaf_first
+from runc_guard.delete.cleanup import (
+    CgroupBusy,
+    CgroupRemovalFailed,
+    CleanupReport,
+    drain,
+    remove_listed,
+    subtree_leaf_first,
+)
 from runc_guard.errors import EXIT_CGROUP_BUSY, EXIT_CGROUP_ERROR
 from tests.fakes import FakeCgroupFs, FakeClock
 
@@ -135,6 +142,32 @@ def test_at_least_one_attempt_after_deadline(fake_fs: FakeCgroupFs, clock: FakeC
     fake_fs.add(ROOTS[0])
     drain(ROOTS, fake_fs, clock() - 1, 0.02, may_kill=True, clock=clock)
     assert fake_fs.dirs == {}
+
+
+def test_remove_listed_removes_in_order_without_reading(fake_fs: FakeCgroupFs) -> None:
+    """The given paths go in the given order; gone is done, EBUSY is left, no cgroup.procs read."""
+    paths = ["/cg/memory/k/c1/nested", "/cg/memory/k/c1", "/cg/pids/k/c1/gone", "/cg/pids/k/c1"]
+    for path in (paths[0], paths[1], paths[3]):
+        fake_fs.add(path)
+    fake_fs.dirs[paths[3]] = [55]  # moved in after the caller's look: the kernel says EBUSY
+    fake_fs.alive.add(55)
+    reads: list[str] = []
+    fake_fs.read_procs = lambda path: reads.append(path) or []  # type: ignore[method-assign]
+    report = CleanupReport()
+    assert remove_listed(paths, fake_fs, report) == {paths[3]: ()}
+    assert report.removed == fake_fs.rmdirs == paths[:2]
+    assert reads == []
+
+
+def test_remove_listed_fails_fast_on_other_errors(fake_fs: FakeCgroupFs) -> None:
+    """EROFS is no reason to wait: CgroupRemovalFailed, with what was removed so far."""
+    fake_fs.add("/cg/memory/k/c1")
+    fake_fs.add("/cg/pids/k/c1")
+    fake_fs.rmdir_errors["/cg/pids/k/c1"] = errno.EROFS
+    report = CleanupReport()
+    with pytest.raises(CgroupRemovalFailed, match="EROFS"):
+        remove_listed(["/cg/memory/k/c1", "/cg/pids/k/c1"], fake_fs, report)
+    assert report.removed == ["/cg/memory/k/c1"]
 
 
 def test_subtree_order(fake_fs: FakeCgroupFs) -> None:

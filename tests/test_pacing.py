@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from runc_guard.cli.sweep import DEFAULT_PACING
 from runc_guard.node.discovery import ContainerUnit, Discovery, Hierarchy
 from runc_guard.node.pacing import (
     Baseline,
@@ -225,6 +226,8 @@ def test_rmdir_timer_times_every_rmdir_and_delegates(clock: FakeClock) -> None:
     assert timer.pid_dying(4242) == fs.pid_dying(4242)
     with pytest.raises(OSError, match="busy"):
         timer.rmdir("/cg/a")  # EBUSY: it has a child
+    timer.stop_load_balance("/cg/a/b")  # delegated, not timed as an rmdir
+    assert fs.load_balance_stopped == ["/cg/a/b"]
     timer.rmdir("/cg/a/b")
     assert timer.take() == pytest.approx([0.001, 0.001])
     assert timer.take() == []
@@ -398,7 +401,7 @@ def test_fixed_sweep_reports_rmdir_latencies(clock: FakeClock, tmp_path: Path) -
     report = Sweeper(
         fs,
         RuntimeDirs(str(tmp_path), str(tmp_path)),
-        SweepOptions(min_age=60, batch=4, pause=0.5, max_sys_percent=100),
+        SweepOptions(min_age=60, batch=4, pause=0.5, max_sys_percent=100, pacing="fixed"),
         clock=node.clock,
         wall=lambda: 3600.0,
         sleep=node.sleep,
@@ -448,6 +451,42 @@ def test_cli_accepts_pacing(tmp_path: Path, pacing: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["found"] == 0
+
+
+def _empty_sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(
+        os.environ,
+        RUNC_GUARD_CONFIG=str(tmp_path / "absent.toml"),
+        RUNC_GUARD_PENDING_DIR=str(tmp_path / "run" / "pending"),
+        RUNC_GUARD_STATS_FILE=str(tmp_path / "run" / "deletes.jsonl"),
+    )
+    argv = [CTL, "sweep", "--kubepods", "rgsweep-absent-tree", "--runtime-root", str(tmp_path),
+            "--bundle-root", str(tmp_path), "--format", "json", *args]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+
+
+def test_adaptive_is_the_default_pacing(tmp_path: Path) -> None:
+    """Without --pacing the sweep paces itself (docs/sweep-pacing.md, 2026-12-01), in the CLI and the API."""
+    assert DEFAULT_PACING == SweepOptions().pacing == "adaptive"
+    done = _empty_sweep(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["pacing"] == "adaptive"
+    assert "warning" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "warned"),
+    [
+        (("--pause", "0"), True),
+        (("--batch", "100", "--pacing", "adaptive"), True),
+        (("--pause", "0", "--pacing", "fixed"), False),
+    ],
+)
+def test_fixed_only_options_warn_under_adaptive(tmp_path: Path, args: tuple[str, ...], warned: bool) -> None:
+    """--batch/--pause given to an adaptive sweep are named on stderr, not silently ignored."""
+    done = _empty_sweep(tmp_path, *args)
+    assert done.returncode == 0, done.stderr
+    assert ("only apply to --pacing fixed" in done.stderr) is warned
 
 
 def test_cli_rejects_unknown_pacing(tmp_path: Path) -> None:

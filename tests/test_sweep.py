@@ -7,6 +7,7 @@ import itertools
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,8 @@ class Recorder:
 
 
 def sweeper(fs: AgedFs, runtime: RuntimeDirs, rec: Recorder, **options: object) -> Sweeper:
+    """The loop with fake time; the fixed pace unless a test asks (adaptive has its own tests)."""
+    options.setdefault("pacing", "fixed")
     return Sweeper(
         fs, runtime, SweepOptions(**options),  # type: ignore[arg-type]
         clock=rec.clock, wall=lambda: NOW, sleep=rec.sleep, cpu=rec.cpu,
@@ -361,6 +364,128 @@ def test_rmdir_errors_are_reported_and_the_sweep_goes_on(fs: AgedFs, runtime: Ru
     assert report.kept == {"busy": 1}
     assert len(report.errors) == 1 and "EROFS" in report.errors[0]
     assert all(d not in fs.dirs for d in units[2].dirs)
+
+
+class CountingFs(AgedFs):
+    """AgedFs that counts the sweep's looks: cgroup.procs reads and child listings per path."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.procs_reads: dict[str, int] = {}
+        self.listings: dict[str, int] = {}
+        #: Runs before each rmdir: a test makes the node change between the look and the removal.
+        self.before_rmdir: Callable[[str], None] = lambda path: None
+
+    def read_procs(self, path: str) -> list[int]:
+        self.procs_reads[path] = self.procs_reads.get(path, 0) + 1
+        return super().read_procs(path)
+
+    def children(self, path: str) -> list[str]:
+        self.listings[path] = self.listings.get(path, 0) + 1
+        return super().children(path)
+
+    def rmdir(self, path: str) -> None:
+        self.before_rmdir(path)
+        listed = dict(self.listings)
+        try:
+            super().rmdir(path)
+        finally:
+            self.listings = listed  # the fake kernel's own EBUSY check is no look of the sweep's
+
+
+def test_each_directory_is_read_once_before_its_removal(clock: FakeClock, runtime: RuntimeDirs) -> None:
+    """One look per directory (cgroup.procs and children), then rmdir: no second read before removing."""
+    fs = CountingFs(clock)
+    units = [add_unit(fs, n) for n in range(1, 4)]
+    child = f"{units[0].dirs[1]}/nested"
+    fs.add(child)
+    report = sweeper(fs, runtime, Recorder(), batch=3, pause=0).run(discovery_of(*units))
+    dirs = [d for u in units for d in u.dirs] + [child]
+    assert report.removed == 3 and report.dirs_removed == len(dirs)
+    assert fs.procs_reads == dict.fromkeys(dirs, 1)
+    assert fs.listings == dict.fromkeys(dirs, 1)
+    assert fs.rmdirs.index(child) < fs.rmdirs.index(units[0].dirs[1])
+
+
+def test_unit_with_a_process_is_kept_whole_and_reported(clock: FakeClock, runtime: RuntimeDirs) -> None:
+    """A process in one nested child of one hierarchy keeps every directory of its unit, with the reason."""
+    fs = CountingFs(clock)
+    units = [add_unit(fs, n) for n in range(1, 4)]
+    child = f"{units[1].dirs[2]}/nested"
+    fs.add(child, [4242])
+    report = sweeper(fs, runtime, Recorder(), batch=3, pause=0).run(discovery_of(*units))
+    assert report.removed == 2
+    assert report.kept == {"populated": 1}
+    assert {"id": cid(2), "pod": POD, "dirs": 4, "action": "kept:populated"} in report.containers
+    assert not {*units[1].dirs, child} & set(fs.rmdirs)
+    assert all(d in fs.dirs for d in [*units[1].dirs, child])
+
+
+def test_process_that_arrives_after_the_look_keeps_its_dir_busy(
+    clock: FakeClock, runtime: RuntimeDirs
+) -> None:
+    """A process that moves in between the look and the rmdir: the kernel refuses (EBUSY); kept as busy."""
+    fs = CountingFs(clock)
+    units = [add_unit(fs, n) for n in range(1, 3)]
+    late = units[0].dirs[2]
+
+    def arrive(path: str) -> None:
+        if path == units[0].dirs[0]:
+            fs.dirs[late] = [777]
+            fs.alive.add(777)
+
+    fs.before_rmdir = arrive
+    report = sweeper(fs, runtime, Recorder()).run(discovery_of(*units))
+    assert late in fs.dirs and fs.dirs[late] == [777]
+    assert report.kept == {"busy": 1}
+    assert {"id": cid(1), "pod": POD, "dirs": 1, "action": "kept:busy"} in report.containers
+    assert report.removed == 1 and all(d not in fs.dirs for d in units[1].dirs)
+    assert report.errors == []
+
+
+CPUSET = [Hierarchy("/cg/cpuset", "cgroup"), *HIERARCHIES]
+
+
+def test_v1_cpusets_of_removed_units_stop_load_balance_before_rmdir(
+    clock: FakeClock, runtime: RuntimeDirs
+) -> None:
+    """Only in the v1 cpuset hierarchy, only for units being removed, before the unit's rmdirs."""
+    fs = CountingFs(clock)
+    fs.add("/cg/cpuset/cpuset.sched_load_balance")  # the hierarchy's root file: v1 cpuset
+    order: list[str] = []
+    fs.before_rmdir = order.append
+    units = [add_unit(fs, n, CPUSET) for n in range(1, 4)]
+    nested = f"{units[0].dirs[0]}/nested"
+    fs.add(nested)
+    fs.dirs[units[1].dirs[1]] = [31337]  # a process: kept, its cpuset untouched
+    fs.alive.add(31337)
+    discovery = Discovery(CPUSET, {u.container_id: u for u in units})
+    report = sweeper(fs, runtime, Recorder()).run(discovery)
+    assert report.removed == 2 and report.kept == {"populated": 1}
+    assert fs.load_balance_stopped == [nested, units[0].dirs[0], units[2].dirs[0]]
+    assert order.index(nested) < order.index(units[0].dirs[0])
+
+
+def test_load_balance_errors_do_not_stop_the_removal(clock: FakeClock, runtime: RuntimeDirs) -> None:
+    """A cpuset whose flag cannot be written is removed anyway (the kernel then clears it itself)."""
+
+    class ReadOnlyFlag(CountingFs):
+        def stop_load_balance(self, path: str) -> None:
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+
+    fs = ReadOnlyFlag(clock)
+    fs.add("/cg/cpuset/cpuset.sched_load_balance")
+    units = [add_unit(fs, n, CPUSET) for n in range(1, 3)]
+    report = sweeper(fs, runtime, Recorder()).run(Discovery(CPUSET, {u.container_id: u for u in units}))
+    assert report.removed == 2 and report.errors == []
+    assert all(d not in fs.dirs for u in units for d in u.dirs)
+
+
+def test_no_cpuset_hierarchy_no_flag_writes(fs: AgedFs, runtime: RuntimeDirs) -> None:
+    """Without a v1 cpuset hierarchy (cgroup2, or cpuset not mounted) nothing is written."""
+    units = [add_unit(fs, n) for n in range(1, 3)]
+    report = sweeper(fs, runtime, Recorder()).run(discovery_of(*units))
+    assert report.removed == 2 and fs.load_balance_stopped == []
 
 
 def test_progress_is_reported(fs: AgedFs, runtime: RuntimeDirs) -> None:

@@ -186,7 +186,7 @@ def test_sweep_removes_exactly_the_orphans(trees: Trees, tmp_path: Path) -> None
     assert len(would) == expected
     assert set(would) == incident.orphan_ids
 
-    report = json.loads(sweep(trees, tmp_path, "--batch", "4000", "--pause", "0.2",
+    report = json.loads(sweep(trees, tmp_path, "--pacing", "fixed", "--batch", "4000", "--pause", "0.2",
                               "--max-sys-percent", "100", "--format", "json"))
     after = trees.snapshot()
     gone = before - after
@@ -221,7 +221,7 @@ def test_sweep_slows_down_while_sys_percent_is_high(trees: Trees, tmp_path: Path
     """With a 0% limit a batch that used measurable system CPU is followed by a slowdown, within the cap."""
     for _ in range(200):
         trees.make(f"kubepods/besteffort/pod1a2b3c4d/{new_id()}")
-    report = json.loads(sweep(trees, tmp_path, "--batch", "500", "--pause", "0",
+    report = json.loads(sweep(trees, tmp_path, "--pacing", "fixed", "--batch", "500", "--pause", "0",
                               "--max-sys-percent", "0", "--max-slowdown", "0.2", "--format", "json"))
     assert report["removed"] == 200
     batches: list[dict[str, Any]] = report["batches"]
@@ -264,7 +264,8 @@ def test_pure_v2_in_a_private_mount_namespace(v2_trees: Trees, tmp_path: Path) -
     v2_trees.make(f"kubepods/burstable/pod5e6f7a8b/{survivor}")
     v2_trees.populate(os.path.join(v2_trees.top(UNIFIED), "kubepods/burstable/pod5e6f7a8b", survivor))
     v2_trees.make(f"kubepods/burstable/pod5e6f7a8b/{young}", old=False)
-    report = json.loads(sweep(v2_trees, tmp_path, "--pause", "0", "--format", "json", prefix=PURE_V2))
+    report = json.loads(sweep(v2_trees, tmp_path, "--pacing", "fixed", "--pause", "0", "--format", "json",
+                              prefix=PURE_V2))
     assert report["hierarchies"] == ["/sys/fs/cgroup"]
     assert (report["removed"], report["dirs_removed"]) == (300, 300)
     assert report["kept"] == {"populated": 1, "too_young": 1}
@@ -272,3 +273,68 @@ def test_pure_v2_in_a_private_mount_namespace(v2_trees: Trees, tmp_path: Path) -
     assert sorted(os.path.basename(d) for d in os.scandir(pod_dir) if d.is_dir()) == sorted(
         [survivor, young]
     )
+
+
+def test_process_that_moves_in_after_the_look_is_refused_by_the_kernel(trees: Trees, tmp_path: Path) -> None:
+    """The sweep reads each dir once: a process moved in after that look is kept by the kernel (EBUSY)."""
+    from runc_guard.delete.cgroupfs import RealCgroupFs
+    from runc_guard.node.discovery import ContainerUnit, Discovery, Hierarchy
+    from runc_guard.node.sweep import RuntimeDirs, Sweeper, SweepOptions
+
+    hierarchy = one_hierarchy(trees.mounts)
+    pod = "kubepods/besteffort/pod5e6f7a8b"
+    late, early, clean = new_id(), new_id(), new_id()
+    units = [ContainerUnit(cid, dirs=trees.make(f"{pod}/{cid}"), pod=pod) for cid in (late, early, clean)]
+    trees.make(f"{pod}/{early}/nested")
+    trees.populate(os.path.join(trees.top(hierarchy), pod, early, "nested"))
+    target = os.path.join(trees.top(hierarchy), pod, late)
+
+    class MovesInLate(RealCgroupFs):
+        """The real kernel; before the first rmdir of ``late``'s unit a process moves into its dir."""
+
+        moved = False
+
+        def rmdir(self, path: str) -> None:
+            if not self.moved and os.path.basename(path) == late:
+                self.moved = True
+                trees.populate(target)
+            super().rmdir(path)
+
+    fs = MovesInLate()
+    discovery = Discovery([Hierarchy(m, "cgroup") for m in trees.mounts], {u.container_id: u for u in units})
+    runtime = RuntimeDirs(str(tmp_path / "runc"), str(tmp_path / "bundles"))
+    report = Sweeper(fs, runtime, SweepOptions(min_age=0, pause=0, pacing="fixed")).run(discovery)
+    assert fs.moved
+    assert report.kept == {"populated": 1, "busy": 1}
+    actions = {c["id"]: c["action"] for c in report.containers}
+    assert actions == {late: "kept:busy", early: "kept:populated", clean: "removed"}
+    assert os.path.isdir(target) and procs(target)  # the kernel refused: the process is still inside
+    assert all(os.path.isdir(d) for d in units[1].dirs)  # the populated unit is kept whole
+    assert not any(os.path.isdir(d) for d in units[2].dirs)
+    for path in units[1].dirs:  # and a kept unit's cpuset is not touched
+        flag = os.path.join(path, "cpuset.sched_load_balance")
+        if os.path.exists(flag):
+            with open(flag) as f:
+                assert f.read().strip() == "1"
+
+
+def test_stop_load_balance_clears_a_v1_cpuset_only(trees: Trees) -> None:
+    """0 lands in a v1 cpuset's sched_load_balance; a dir of another hierarchy has no such file."""
+    from runc_guard.delete.cgroupfs import RealCgroupFs
+
+    cpuset = "/sys/fs/cgroup/cpuset"
+    if cpuset not in trees.mounts:
+        pytest.skip("needs the v1 cpuset hierarchy")
+    made = dict(zip(trees.mounts, trees.make(f"kubepods/pod1/{new_id()}"), strict=True))
+    fs = RealCgroupFs()
+    flag = os.path.join(made[cpuset], "cpuset.sched_load_balance")
+    with open(flag) as f:
+        assert f.read().strip() == "1"  # the kernel's default for a new v1 cpuset
+    fs.stop_load_balance(made[cpuset])
+    with open(flag) as f:
+        assert f.read().strip() == "0"
+    other = made[one_hierarchy(trees.mounts)]
+    with pytest.raises(FileNotFoundError):
+        fs.stop_load_balance(other)
+    fs.rmdir(made[cpuset])
+    assert not os.path.exists(made[cpuset])

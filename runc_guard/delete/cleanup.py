@@ -145,21 +145,42 @@ def attempt_removal(
                             report.killed.append(pid)
                 remaining[path] = pids
                 continue
-            if not remove:
-                continue
-            try:
-                fs.rmdir(path)
-            except FileNotFoundError:
-                continue  # gone already: runc's RemovePath treats ENOENT as success too
-            except OSError as exc:
-                if exc.errno not in _RETRYABLE:
-                    raise CgroupRemovalFailed(
-                        path, errno.errorcode.get(exc.errno or 0, "?"), exc.strerror or "", report
-                    ) from exc
-                remaining[path] = ()
-                continue
-            report.removed.append(path)
+            if remove:
+                _rmdir(path, fs, report, remaining)
     return remaining
+
+
+def remove_listed(paths: Sequence[str], fs: CgroupFsOps, report: CleanupReport) -> dict[str, tuple[int, ...]]:
+    """rmdir ``paths`` in the order given (leaf-first), without looking at them again.
+
+    For a caller that has just read every one of them (children and
+    ``cgroup.procs``) and decided from that look: a second read of each
+    ``cgroup.procs`` would double the sweep's cgroupfs reads (a cgroup v1
+    read builds a pid list the kernel frees later). A process or child cgroup
+    that appeared since the look is still safe: the kernel refuses rmdir of a
+    populated cgroup or one with children (EBUSY), and such a path is returned
+    as remaining, like :func:`attempt_removal` does.
+    """
+    remaining: dict[str, tuple[int, ...]] = {}
+    for path in paths:
+        _rmdir(path, fs, report, remaining)
+    return remaining
+
+
+def _rmdir(path: str, fs: CgroupFsOps, report: CleanupReport, remaining: dict[str, tuple[int, ...]]) -> None:
+    """One rmdir the RemovePath way: ENOENT is done, EBUSY and the like stay, anything else fails."""
+    try:
+        fs.rmdir(path)
+    except FileNotFoundError:
+        return  # gone already: runc's RemovePath treats ENOENT as success too
+    except OSError as exc:
+        if exc.errno not in _RETRYABLE:
+            raise CgroupRemovalFailed(
+                path, errno.errorcode.get(exc.errno or 0, "?"), exc.strerror or "", report
+            ) from exc
+        remaining[path] = ()
+        return
+    report.removed.append(path)
 
 
 class _ForeignWatch:

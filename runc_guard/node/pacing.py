@@ -389,6 +389,9 @@ class RmdirTimer:
     def modified_at(self, path: str) -> float | None:
         return self.fs.modified_at(path)
 
+    def stop_load_balance(self, path: str) -> None:
+        self.fs.stop_load_balance(path)
+
 
 # -- the acting part: measure, decide, sleep ----------------------------------------
 
