@@ -35,7 +35,8 @@ def test_runc_guard_leaves_no_cgroup_bundle_or_record(
     before = len(cl.delete_stats(guarded.settings))
     crash = cl.path_b_crash(ctd, ns, cl.guard_binary(), delay=1.5, nested=True)
     try:
-        assert crash.left == []
+        assert crash.left == [], [e for e in cl.guard_events(guarded.settings)
+                                  if e.get("container_id") == crash.task_id]
         assert crash.bundle_gone
         assert not [r for r in cl.pending_records(guarded.settings)
                     if r.startswith(crash.task_id + "@")]

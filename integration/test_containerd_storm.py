@@ -64,7 +64,10 @@ def _storm(summary: list[str], guarded: cl.GuardedLab, ctd: cl.Containerd, ns: s
         f"wait p50 {int(statistics.median(waited)) if waited else '-'} ms, "
         f"max {max(waited) if waited else '-'} ms",
     ])
-    assert guard.leaked_dirs == 0
+    ours = set(guard.task_ids)
+    reasons = [(e.get("outcome"), e.get("reason")) for e in cl.guard_events(guarded.settings, "delete")
+               if e.get("container_id") in ours and e.get("outcome") not in ("removed", "already_gone")]
+    assert guard.leaked_dirs == 0, reasons
     assert records == []
     # "already_gone": the children died inside runc's own ~150 ms rmdir window.
     assert len(outcomes) == CYCLES

@@ -604,7 +604,13 @@ def path_b_crash(
         wait_for(task.gone, settle, 0.02)
         cleanup_s = time.monotonic() - killed
         # Processes gone: the kernel finished the teardown, so what is left stays.
-        wait_for(lambda: not task.pids(), 5)
+        if not wait_for(lambda: not task.pids(), 5):
+            # Nothing killed them (the delete never ran the runtime): the test's own
+            # processes, stopped by pid so that its leftovers can be counted and removed.
+            for pid in task.pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: not task.pids(), 5)
         left = task.cgroup_dirs()
         bundle_gone = task.gone()
     finally:
