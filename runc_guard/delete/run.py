@@ -606,8 +606,12 @@ def run_delete(
     settings: Settings,
     environ: Mapping[str, str],
     early_signals: Sequence[int] = (),
+    origin: float | None = None,
 ) -> int:
     """The shim's delete path; the error boundary for everything after argv parsing.
+
+    ``origin``: when containerd's budget started, as the shim read it
+    (procinfo.deadline_origin); read here when the caller did not.
 
     A settings problem never changes how the delete ends: valid keys apply,
     invalid ones keep their defaults (``settings.load``), and each problem is
@@ -616,7 +620,8 @@ def run_delete(
     """
     run: DeleteRun | None = None
     try:
-        run = DeleteRun(invocation, args, runtime, settings, started=deadline_origin())
+        started = origin if origin is not None else deadline_origin()
+        run = DeleteRun(invocation, args, runtime, settings, started=started)
         for problem in settings.problems:
             if first_report(settings.cache_dir, settings.config_file, problem):
                 run.log.error("config_invalid", reason=problem)

@@ -64,19 +64,19 @@ def _known_to_anyone(invocation: argv_mod.Invocation, settings: Settings) -> boo
 
 
 def _startup_slot(
-    invocation: argv_mod.Invocation, settings: Settings, environ: os._Environ[str]
+    invocation: argv_mod.Invocation, settings: Settings, environ: os._Environ[str], origin: float | None
 ) -> int | None:
     """Wait briefly for a start-up slot (see runc_guard.shim.startup).
 
+    ``origin``: when containerd's budget started (procinfo.deadline_origin).
     None: the node is overloaded with deletes loading at once; the caller steps
     aside and execs the runtime, exactly as it would have run without runc-guard.
     """
     import time
 
-    from runc_guard.procinfo import deadline_origin
     from runc_guard.shim.startup import MAX_WAIT, MIN_BUDGET_SHARE, acquire, slots
 
-    started = deadline_origin() or time.monotonic()
+    started = origin or time.monotonic()
     left = started + settings.delete_timeout - time.monotonic()
     if left < settings.delete_timeout * MIN_BUDGET_SHARE:
         spent = int((time.monotonic() - started) * 1000)
@@ -156,9 +156,13 @@ def main(noted: list[int] | None = None) -> int:
         runtime = resolve_runtime(settings.runtime_for(invoked_as), sys.argv[0], environ)
     except RuncGuardError as exc:
         return _fail(str(exc), exc.exit_code, environ)
-    slot = None
+    slot = origin = None
     if invocation.is_delete and _known_to_anyone(invocation, settings):
-        slot = _startup_slot(invocation, settings, environ)
+        from runc_guard.procinfo import deadline_origin
+
+        # Read once (the parent's /proc entries): the slot wait and the delete's deadline share it.
+        origin = deadline_origin()
+        slot = _startup_slot(invocation, settings, environ, origin)
     if slot is not None:
         # Until the delete path has its own handlers, a signal is only noted (the
         # launcher set that up): the delete starts by honouring it.
@@ -169,7 +173,7 @@ def main(noted: list[int] | None = None) -> int:
         if slot >= 0:
             os.close(slot)  # loaded: the CPU-heavy part is over, let the next delete load
 
-        status = run_delete(invocation, args, runtime, settings, environ, noted)
+        status = run_delete(invocation, args, runtime, settings, environ, noted, origin)
         # Everything is written and closed by now; tearing down the ~300 modules the
         # delete path loaded would only delay containerd's shim by ~12 ms.
         sys.stderr.flush()
