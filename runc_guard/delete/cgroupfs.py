@@ -12,6 +12,7 @@ import _signal  # type: ignore[import-not-found]  # signal's enums cost ~1 ms of
 import ctypes
 import errno
 import os
+import select
 import time
 
 TYPE_CHECKING = False
@@ -198,8 +199,6 @@ class RealCgroupFs:
         there this is a plain sleep of one poll interval (``timeout``).
         ``paths`` must be cgroups found populated: one already empty returns at once.
         """
-        import select  # only when something is left to wait for
-
         poller = select.poll()
         fds: list[int] = []
         try:
