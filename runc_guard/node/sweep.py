@@ -459,7 +459,7 @@ class Sweeper:
         pacer = self._pacer(report) if self.options.pacing == "adaptive" else None
         # _remove_one goes through self.fs: time its rmdirs for the report and the pace.
         fs = self.fs
-        timer = RmdirTimer(fs)
+        timer = RmdirTimer(fs, self.clock)  # the sweep's clock: one time base for every signal
         self.fs = timer
         try:
             target = pacer.pace.batch if pacer is not None else self.options.batch
