@@ -206,6 +206,29 @@ def read_settings_file(path: str, cache_directory: str | None) -> dict[str, obje
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+#: How much of a bad value a problem message quotes.
+_SHOWN_CHARS = 80
+
+
+def _show(value: object) -> str:
+    """``repr(value)``, cut short: a value can be 2000 lists deep or 1 MiB long.
+
+    repr of a deeply nested list raises RecursionError, and an int of thousands
+    of digits raises ValueError (sys.int_info's conversion limit): neither may
+    escape while a problem is only being described.
+    """
+    try:
+        shown = repr(value)
+    except (RecursionError, ValueError):
+        shown = f"<{type(value).__name__} too large to show>"
+    return shown if len(shown) <= _SHOWN_CHARS else shown[: _SHOWN_CHARS - 3] + "..."
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception's message for a problem line, cut short; its type when it has none."""
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 4 * _SHOWN_CHARS else text[: 4 * _SHOWN_CHARS - 3] + "..."
+
 
 
 class Settings(Value):
@@ -300,6 +323,25 @@ _KEYS = frozenset(Settings._compared)
 DEFAULT_NAMES = frozenset({"runc-guard", DEFAULT_RUNTIME})
 
 
+def is_default_name(invoked_as: str) -> bool:
+    """A name that fronts the default ``runtime``: runc-guard's own (``runc-guard.pyz`` too) or ``runc``.
+
+    Any other name is a handler's link (``runc-guard-nvidia``) and must be mapped
+    in ``[runtimes]``: falling back to the default would start GPU pods on plain runc.
+    """
+    return invoked_as in DEFAULT_NAMES or invoked_as.partition(".")[0] == "runc-guard"
+
+
+def unmapped_problem(settings: Settings, invoked_as: str) -> str | None:
+    """Why a call under ``invoked_as`` has no runtime of its own, or None when it has one."""
+    if invoked_as in settings.runtimes or is_default_name(invoked_as):
+        return None
+    return (
+        f"invoked as {invoked_as!r}, which [runtimes] in {settings.config_file} does not map:"
+        f" refusing to run the default runtime {settings.runtime!r} in its place"
+    )
+
+
 def _to_bool(key: str, value: object) -> bool:
     if isinstance(value, bool):
         return value
@@ -307,16 +349,16 @@ def _to_bool(key: str, value: object) -> bool:
         return True
     if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
         return False
-    raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    raise ConfigError(f"{key}: expected true or false, got {_show(value)}")
 
 
 def _to_seconds(key: str, value: object, low: float, high: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ConfigError(f"{key}: expected a number of seconds, got {value!r}")
+        raise ConfigError(f"{key}: expected a number of seconds, got {_show(value)}")
     try:
         seconds = float(value)
-    except ValueError:
-        raise ConfigError(f"{key}: expected a number of seconds, got {value!r}") from None
+    except (ValueError, OverflowError):  # OverflowError: an integer beyond a double (1 and 320 zeros)
+        raise ConfigError(f"{key}: expected a number of seconds within range, got {_show(value)}") from None
     if seconds - seconds != 0.0 or not low <= seconds <= high:  # nan or inf (no math import)
         raise ConfigError(f"{key}: {seconds:g} s is outside {low:g}..{high:g} s")
     return seconds
@@ -324,7 +366,7 @@ def _to_seconds(key: str, value: object, low: float, high: float) -> float:
 
 def _to_path(key: str, value: object) -> str:
     if not isinstance(value, str) or not value.startswith("/") or "\0" in value:
-        raise ConfigError(f"{key}: expected an absolute path, got {value!r}")
+        raise ConfigError(f"{key}: expected an absolute path, got {_show(value)}")
     return os.path.normpath(value)
 
 
@@ -332,12 +374,12 @@ def _to_runtimes(value: object) -> dict[str, str]:
     if isinstance(value, str):  # RUNC_GUARD_RUNTIMES="nvidia-runc-guard=nvidia-container-runtime,..."
         pairs = [item.split("=", 1) for item in value.split(",") if item]
         if any(len(p) != 2 for p in pairs):
-            raise ConfigError(f"runtimes: expected name=runtime[,name=runtime], got {value!r}")
+            raise ConfigError(f"runtimes: expected name=runtime[,name=runtime], got {_show(value)}")
         value = dict(pairs)
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) and k and v for k, v in value.items()
     ):
-        raise ConfigError(f'runtimes: expected a table of name = "runtime", got {value!r}')
+        raise ConfigError(f'runtimes: expected a table of name = "runtime", got {_show(value)}')
     return dict(value)
 
 
@@ -349,7 +391,7 @@ def _to_patterns(value: object) -> tuple[str, ...]:
     ):
         raise ConfigError(
             "container_cgroup_patterns: expected a list of names with {id},"
-            f' like ["ctr-{{id}}"], got {value!r}'
+            f' like ["ctr-{{id}}"], got {_show(value)}'
         )
     return tuple(value)
 
@@ -371,11 +413,11 @@ def _convert(key: str, value: object) -> object:
         return _to_patterns(value)
     if key == "log_level":
         if not isinstance(value, str) or value.lower() not in LOG_LEVELS:
-            raise ConfigError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
+            raise ConfigError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {_show(value)}")
         return value.lower()
     if key == "runtime":
         if not isinstance(value, str) or not value or "\0" in value:
-            raise ConfigError(f"runtime: expected a command name or path, got {value!r}")
+            raise ConfigError(f"runtime: expected a command name or path, got {_show(value)}")
         return value
     raise AssertionError(key)
 
@@ -384,7 +426,7 @@ def _validated(
     raw: Mapping[str, object], environ: Mapping[str, str], source: str
 ) -> tuple[dict[str, object], list[tuple[str, str]]]:
     """Every valid key of ``raw``, then of RUNC_GUARD_<KEY>; every problem as (key, message)."""
-    problems = [(key, f"{source}: unknown setting {key!r}") for key in sorted(set(raw) - _KEYS)]
+    problems = [(key, f"{source}: unknown setting {_show(key)}") for key in sorted(set(raw) - _KEYS)]
     values: dict[str, object] = {}
     for key, value in raw.items():
         if key in _KEYS:
@@ -405,6 +447,29 @@ def _validated(
 def load(environ: Mapping[str, str] | None = None) -> Settings:
     """The settings this process runs with: every valid key applied, every problem listed.
 
+    Never raises: settings are untrusted input read on every runtime call, and a
+    traceback here would fail ``create`` and ``start`` too. Anything unforeseen
+    (a parser's RecursionError, MemoryError) leaves the defaults, with the
+    routing treated as broken (only the default names route) and the problem listed.
+    """
+    env = os.environ if environ is None else environ
+    try:
+        return _load(env)
+    except Exception as exc:  # noqa: BLE001 - see above: the defaults, and the problem, instead
+        path = config_path(env)
+        problem = f"cannot use settings file {path}: {type(exc).__name__}: {_reason(exc)}"
+        return Settings(
+            config_file=path,
+            cache_dir=cache_dir(env),
+            source=f"{path} (unusable: defaults)",
+            problems=(problem,),
+            routing_problem=problem,
+        )
+
+
+def _load(env: Mapping[str, str]) -> Settings:
+    """:func:`load` proper: every valid key applied, every problem listed.
+
     What the shim, the delete path and the reporting tools use. An invalid key
     keeps its default. Routing is the exception, since a default could send a
     GPU pod's call to plain runc: when the file cannot be read or its
@@ -412,13 +477,12 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
     of the file that parsed (``routing_from_last_good``); with none, only the
     default names may be routed (``routing_problem`` says why).
     """
-    env = os.environ if environ is None else environ
     path, cache = config_path(env), cache_dir(env)
     try:
         raw = read_settings_file(path, cache)
         read_problem = None
-    except (OSError, ValueError) as exc:
-        raw, read_problem = {}, f"cannot use settings file {path}: {exc}"
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: arrays nested ~1000 deep
+        raw, read_problem = {}, f"cannot use settings file {path}: {_reason(exc)}"
     values, found = _validated(raw, env, path)
     routing_problem = read_problem or next((m for k, m in found if k in ROUTING_KEYS), None)
     from_last_good = False

@@ -11,7 +11,7 @@ import click
 
 from runc_guard.delete.cgroupfs import cgroup_mounts
 from runc_guard.errors import RuncGuardError
-from runc_guard.settings import config_path, load, load_settings
+from runc_guard.settings import config_path, load, load_settings, unmapped_problem
 from runc_guard.shim.runtime import installed_shim, resolve_runtime
 
 DEFAULT_CONTAINERD_CONFIG = "/etc/containerd/config.toml"
@@ -80,6 +80,9 @@ def diagnose(
     except RuncGuardError as exc:
         problems.append(str(exc))
         settings = None
+    unmapped = unmapped_problem(load(os.environ), invoked_as)
+    if unmapped is not None:
+        problems.append(f"routing: {unmapped} (such calls fail with exit 78)")
     try:
         name = load(os.environ).runtime_for(invoked_as)
         runtime = resolve_runtime(name, installed_shim(), os.environ)

@@ -11,7 +11,8 @@ output with stderr combined into stdout, so a stray warning would corrupt JSON.
 A settings error never changes where a call goes: a file that no longer parses
 routes by the last version that did (``settings.load``, ``routing_from_last_good``); with
 no such copy, a call under a non-default name (``runc-guard-nvidia``) fails with
-a clear line instead of silently reaching plain runc.
+a clear line instead of silently reaching plain runc; so does such a name that
+``[runtimes]`` does not map at all (file missing, entry removed).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 import sys
 
 from runc_guard.errors import EXIT_CONFIG, EXIT_RUNTIME_UNAVAILABLE, RuncGuardError
-from runc_guard.settings import DEFAULT_NAMES, Settings, first_report, load
+from runc_guard.settings import Settings, first_report, is_default_name, load, unmapped_problem
 from runc_guard.shim import argv as argv_mod
 from runc_guard.shim.runtime import exec_runtime, resolve_runtime
 
@@ -146,12 +147,15 @@ def main(noted: list[int] | None = None) -> int:
     if problem is not None:
         if first_report(settings.cache_dir, settings.config_file, problem):
             _journal(environ, "config_invalid", problem, 4)
-        if not settings.routing_from_last_good and invoked_as not in DEFAULT_NAMES:
+        if not settings.routing_from_last_good and not is_default_name(invoked_as):
             return _fail(
                 f"{problem}; no last good routing for {invoked_as!r}: refusing to guess its runtime",
                 EXIT_CONFIG,
                 environ,
             )
+    unmapped = unmapped_problem(settings, invoked_as)
+    if unmapped is not None:
+        return _fail(unmapped, EXIT_CONFIG, environ)
     try:
         runtime = resolve_runtime(settings.runtime_for(invoked_as), sys.argv[0], environ)
     except RuncGuardError as exc:
