@@ -21,63 +21,93 @@ PF_EXITING = 0x00000004
 _SIGKILL_BIT = 1 << 8
 
 
+#: What a /proc read can say of a process: three values, because a read can fail.
+ALIVE = "alive"
+DEAD = "dead"
+UNKNOWN = "unknown"
+
+
 def _stat_fields(pid: int, proc: str) -> list[str] | None:
+    """The fields after ``(comm)``; None only when the process is gone (ENOENT, ESRCH).
+
+    Any other error (EMFILE, ENFILE, ENOMEM under the memory pressure runc-guard
+    exists for, EACCES) says nothing about the process and is raised: the caller
+    must not read it as "dead".
+    """
     try:
         with open(f"{proc}/{pid}/stat", "rb") as f:
             raw = f.read()
-    except OSError:  # ENOENT/ESRCH: gone; anything else: we cannot say it is alive
+    except (FileNotFoundError, ProcessLookupError):
         return None
     # comm may hold spaces and parentheses: the fields start after the *last* ')'.
     return raw[raw.rfind(b")") + 2 :].decode("ascii", "replace").split()
 
 
 def start_time(pid: int, proc: str = "/proc") -> int | None:
-    """The process's start time in clock ticks since boot, or None when it is gone."""
+    """The process's start time in clock ticks since boot, or None when it is gone or unreadable."""
     if pid <= 0:
         return None
-    fields = _stat_fields(pid, proc)
-    if fields is None or len(fields) <= _STARTTIME:
+    try:
+        fields = _stat_fields(pid, proc)
+        return None if fields is None else int(fields[_STARTTIME])
+    except (OSError, IndexError, ValueError):
         return None
-    return int(fields[_STARTTIME])
 
 
 def _exiting(fields: list[str]) -> bool:
     return fields[_STATE] in ("Z", "X", "x") or bool(int(fields[_FLAGS]) & PF_EXITING)
 
 
-def init_alive(pid: int, start: int, proc: str = "/proc") -> bool:
-    """True while ``pid`` is the process that started at ``start`` and is not exiting.
+def init_liveness(pid: int, start: int, proc: str = "/proc") -> str:
+    """ALIVE while ``pid`` is the process that started at ``start`` and is not exiting.
 
-    A zombie init has exited (runc's Status() calls it stopped too); its pid only
-    waits for its parent (the shim) to reap it. An init with PF_EXITING is dying:
-    the init of a PID namespace stays in do_exit() (zap_pid_ns_processes) until
-    every other process of its namespace is gone, which is exactly the slow
-    teardown runc 1.1's ``delete --force`` blocks on for up to 10 s.
+    DEAD only on proof: the pid is gone (ENOENT/ESRCH), a zombie or exiting, or
+    another process now holds it (start time differs). A zombie init has exited
+    (runc's Status() calls it stopped too); its pid only waits for its parent
+    (the shim) to reap it. An init with PF_EXITING is dying: the init of a PID
+    namespace stays in do_exit() (zap_pid_ns_processes) until every other
+    process of its namespace is gone, which is exactly the slow teardown runc
+    1.1's ``delete --force`` blocks on for up to 10 s. A read that fails
+    otherwise, or a stat line we cannot parse, is UNKNOWN.
     ``start == 0`` means the state did not record a start time: the pid alone counts.
     """
     if pid <= 0:
-        return False
-    fields = _stat_fields(pid, proc)
-    if fields is None or len(fields) <= _STARTTIME or _exiting(fields):
-        return False
-    return start == 0 or int(fields[_STARTTIME]) == start
+        return DEAD
+    try:
+        fields = _stat_fields(pid, proc)
+        if fields is None:
+            return DEAD
+        if _exiting(fields):
+            return DEAD
+        return ALIVE if start == 0 or int(fields[_STARTTIME]) == start else DEAD
+    except (OSError, IndexError, ValueError):
+        return UNKNOWN
+
+
+def init_alive(pid: int, start: int, proc: str = "/proc") -> bool:
+    """True unless the init is provably dead: UNKNOWN counts as alive (touch nothing)."""
+    return init_liveness(pid, start, proc) != DEAD
 
 
 def dying(pid: int, proc: str = "/proc") -> bool:
-    """True when ``pid`` is on its way out: exiting, a zombie, gone, or SIGKILL pending.
+    """True when ``pid`` is provably on its way out: exiting, a zombie, gone, or SIGKILL pending.
 
     A process killed while frozen (cgroup freezer) or in uninterruptible sleep
     keeps SIGKILL pending (ShdPnd for a group kill, SigPnd for the thread) until
-    it can run; the kernel's zap of a PID namespace sends exactly that.
+    it can run; the kernel's zap of a PID namespace sends exactly that. A read
+    that fails otherwise proves nothing: False, so the caller treats the process
+    as live and steps aside rather than wait on a guess.
     """
-    fields = _stat_fields(pid, proc)
-    if fields is None or len(fields) <= _STARTTIME or _exiting(fields):
-        return True
     try:
+        fields = _stat_fields(pid, proc)
+        if fields is None or _exiting(fields):
+            return True
         with open(f"{proc}/{pid}/status", "rb") as f:
             status = f.read()
-    except OSError:
+    except (FileNotFoundError, ProcessLookupError):
         return True
+    except (OSError, IndexError, ValueError):
+        return False
     for line in status.splitlines():
         if line.startswith((b"ShdPnd:", b"SigPnd:")) and int(line.split()[1], 16) & _SIGKILL_BIT:
             return True

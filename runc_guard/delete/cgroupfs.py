@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 else:  # a plain base at run time: typing costs ~2.5 ms of every delete's start-up
     Protocol = object
 
+#: Kernel features this process found missing and worked around (``pidfd_open``
+#: before Linux 5.3, or filtered by seccomp); the delete's canonical entry lists them.
+FALLBACKS: set[str] = set()
+
 #: statfs(2) f_type of cgroup v1 and cgroup2 filesystems (linux/magic.h).
 CGROUP_SUPER_MAGIC = 0x27E0EB
 CGROUP2_SUPER_MAGIC = 0x63677270
@@ -144,6 +148,9 @@ class RealCgroupFs:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
             return False
+        except OSError as exc:  # ENOSYS before Linux 5.3; EPERM/ENOSYS from a seccomp filter
+            FALLBACKS.add(f"pidfd_open:{errno.errorcode.get(exc.errno or 0, exc.errno)}")
+            return self._kill_by_pid(pid, path)
         try:
             if pid not in self.read_procs(path):
                 return False
@@ -152,8 +159,32 @@ class RealCgroupFs:
             return True
         except ProcessLookupError:
             return False
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSYS, errno.EPERM):
+                raise
+            FALLBACKS.add(f"pidfd_send_signal:{errno.errorcode.get(exc.errno or 0, exc.errno)}")
+            return self._kill_by_pid(pid, path)
         finally:
             os.close(fd)
+
+    def _kill_by_pid(self, pid: int, path: str) -> bool:
+        """Without pidfds: SIGKILL by pid, as runc's signalAllProcesses does, after a start-time check.
+
+        The start time read before and after the membership check must match: a pid
+        that exited and was reused in between is another process and is left alone.
+        What remains is the window between the second read and kill(2), the same
+        one runc (which checks nothing) always has.
+        """
+        from runc_guard.procinfo import start_time
+
+        before = start_time(pid)
+        if before is None or pid not in self.read_procs(path) or start_time(pid) != before:
+            return False
+        try:
+            os.kill(pid, _signal.SIGKILL)
+        except ProcessLookupError:
+            return False
+        return True
 
     def rmdir(self, path: str) -> None:
         os.rmdir(path)

@@ -8,6 +8,7 @@ forwarded, the deadline stops it (SIGTERM, then SIGKILL), and it dies with us
 
 from __future__ import annotations
 
+import errno
 import os
 
 from runc_guard.shim.runtime import inherited_environment, restore_inherited_signals
@@ -95,12 +96,38 @@ def _wait_until(child_pid: int, timeout: float | None) -> bool:
         fd = os.pidfd_open(child_pid)
     except ProcessLookupError:
         return True
+    except OSError as exc:  # ENOSYS before Linux 5.3 (or a seccomp filter): poll instead
+        from runc_guard.delete.cgroupfs import FALLBACKS
+
+        FALLBACKS.add(f"pidfd_open:{errno.errorcode.get(exc.errno or 0, exc.errno)}")
+        return _poll_until(child_pid, timeout)
     try:
         poller = select.poll()
         poller.register(fd, select.POLLIN)
         return bool(poller.poll(max(0, int(timeout * 1000))))
     finally:
         os.close(fd)
+
+
+#: How often the fallback without pidfds looks whether the runtime exited.
+POLL_INTERVAL = 0.005
+
+
+def _poll_until(child_pid: int, timeout: float) -> bool:
+    """:func:`_wait_until` without a pidfd: waitid(WNOHANG|WNOWAIT) every POLL_INTERVAL.
+
+    WNOWAIT leaves the child unreaped, so ``_reap`` still collects its status
+    and its pid stays ours to signal until then.
+    """
+    import time
+
+    end = time.monotonic() + max(0.0, timeout)
+    while os.waitid(os.P_PID, child_pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(POLL_INTERVAL, left))
+    return True
 
 
 def run_runtime_child(
