@@ -435,21 +435,35 @@ def test_busy_cgroup_reruns_are_bounded(lab: Lab) -> None:
 # -- deadlines ----------------------------------------------------------------------------
 
 
-def test_deadline_before_the_runtime(lab: Lab) -> None:
-    """Init dead and a process that may not be killed keeps the cgroup busy: exit 75 at the deadline,
-    the runtime never ran (its state stays for a retry), the record is kept, stderr and --log say why."""
+def test_no_kill_runs_the_runtime_first(lab: Lab) -> None:
+    """kill_stragglers = false, init dead: the runtime runs first (its own kill applies, as runc alone
+    would SIGKILL a host-PID container's stragglers); a process it leaves keeps the cgroup busy: exit 75
+    at the deadline, the record is kept, stderr and --log say why."""
     settings = Settings(**{**lab.settings.as_dict(), "kill_stragglers": False, "delete_timeout": 1.0})
     dirs = lab.container("c1", pids=(4242,))
     assert lab.run("c1", lab.runtime(0), settings) == 75
-    assert lab.runs().count("runtime c1") == 0 and lab.has_state("c1")
+    assert lab.runs()[0] == "runtime c1" and lab.runs().count("runtime c1") == 1
     assert all(lab.fs.exists(d) for d in dirs) and 4242 in lab.fs.alive
     assert len(lab.records()) == 1
     entry = lab.entry()
-    assert (entry["outcome"], entry["level"]) == ("deadline", "error")
+    assert (entry["outcome"], entry["level"], entry["stragglers_killed"]) == ("deadline", "error", [])
     assert entry["pending_record"] == record_path(lab.settings.pending_dir, lab.root, "c1")
     with open(lab.runc_log) as f:
         (line,) = [json.loads(x) for x in f]
     assert line["level"] == "error" and line["msg"].startswith("runc-guard: ")
+
+
+def test_deadline_before_the_runtime(lab: Lab) -> None:
+    """Init dead, stragglers that runc-guard kills but that do not die: exit 75 at the deadline,
+    the runtime never ran (its state stays for a retry), the record is kept."""
+    settings = Settings(**{**lab.settings.as_dict(), "delete_timeout": 1.0})
+    dirs = lab.container("c1", pids=(4242,))
+    lab.fs.dies_on_kill = False
+    assert lab.run("c1", lab.runtime(0), settings) == 75
+    assert lab.runs().count("runtime c1") == 0 and lab.has_state("c1")
+    assert all(lab.fs.exists(d) for d in dirs) and 4242 in lab.fs.alive
+    assert len(lab.records()) == 1
+    assert lab.entry()["outcome"] == "deadline"
 
 
 def test_runtime_deadline_stops_the_runtime(lab: Lab) -> None:
@@ -479,6 +493,9 @@ def wired(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
             super().__init__(*args, **kw)
 
     monkeypatch.setattr(delete_mod, "DeleteRun", Wired)
+    # The deadline counts on the fake clock: the real process start (a monotonic time that is below
+    # the fake clock's 1000 s on a machine up for less than that) would put it in the past.
+    monkeypatch.setattr(delete_mod, "deadline_origin", lambda: None)
     # the reporter, without the fork: this is pytest's process (the fork is proven on the kernel)
     monkeypatch.setattr(report_mod, "detach_reporter", lambda d, _linger: drain_spool(d, linger=0))
     config = os.path.join(lab.tmp, "config.toml")
@@ -724,9 +741,10 @@ def test_signal_handlers_are_given_back_after_the_delete(lab: Lab) -> None:
     assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
-def test_sigterm_while_a_later_sibling_waits_ends_the_delete(lab: Lab) -> None:
-    """A SIGTERM that arrives while the second of a sandbox's dead siblings is being waited for
-    interrupts the delete (exit 143), as it would during the sandbox's own wait."""
+def test_sigterm_while_a_later_sibling_waits_stops_the_siblings(lab: Lab) -> None:
+    """A SIGTERM that arrives while the second of a sandbox's dead siblings is being waited for stops
+    the siblings at once (that one's record stays for the sweep); the sandbox's own delete, already
+    decided, keeps its verdict (exit 0)."""
     settings = Settings(**{**lab.settings.as_dict(), "kill_stragglers": False, "delete_timeout": 5.0})
     pod = {CONTAINER_TYPE_LABEL: "sandbox", SANDBOX_ID_LABEL: "sb"}
     lab.container("sb", labels=pod)
@@ -744,9 +762,13 @@ def test_sigterm_while_a_later_sibling_waits_ends_the_delete(lab: Lab) -> None:
     lab.fs.on_wait = term_once
     status = lab.run("sb", lab.runtime(0), settings)
     assert sent, "the second sibling never waited"
-    assert status == 128 + signal.SIGTERM
+    assert status == 0
     waited_after = lab.clock() - 1000.0
     assert waited_after < 1.0, f"kept waiting {waited_after:.1f} s after SIGTERM"
+    siblings = lab.entry()["siblings"]
+    assert siblings[0] == {"id": "app1", "exit_status": 0}
+    assert "SIGTERM" in siblings[-1]["interrupted"]
+    assert any("app2" in r for r in lab.records())
 
 
 # -- the remaining outcomes: one test each, so every branch of the table is proven here ----

@@ -30,7 +30,8 @@ import time
 from runc_guard import cjson
 from runc_guard.atomic import append_line
 from runc_guard.delete import runclog
-from runc_guard.delete.cgroupfs import CgroupFsOps, RealCgroupFs, cgroup_mounts
+from runc_guard.delete.aside import write_aside
+from runc_guard.delete.cgroupfs import FALLBACKS, CgroupFsOps, RealCgroupFs, cgroup_mounts
 from runc_guard.delete.cleanup import (
     CgroupBusy,
     CgroupRemovalFailed,
@@ -40,7 +41,7 @@ from runc_guard.delete.cleanup import (
     live_pids,
 )
 from runc_guard.delete.outcomes import ALREADY_GONE, REMOVED, UNKNOWN, WARNING_OUTCOMES
-from runc_guard.delete.paths import check_container_paths, check_path
+from runc_guard.delete.paths import CREATED_MARGIN, check_container_paths, check_path
 from runc_guard.delete.pending import (
     BUSY,
     Claim,
@@ -53,6 +54,7 @@ from runc_guard.delete.pending import (
 from runc_guard.delete.report import EventLog, deliver
 from runc_guard.delete.runtime_child import RuntimeRun, run_runtime_child
 from runc_guard.delete.state import (
+    MAX_STATE_BYTES,
     PID_HOST,
     PID_JOINED,
     PID_PRIVATE,
@@ -69,7 +71,7 @@ from runc_guard.errors import (
     StateUnreadable,
     UnsafeCgroupPath,
 )
-from runc_guard.procinfo import deadline_origin, init_alive, start_wall_time
+from runc_guard.procinfo import ALIVE, DEAD, deadline_origin, init_liveness, start_wall_time
 from runc_guard.settings import Settings, first_report
 from runc_guard.shim.argv import Invocation
 from runc_guard.spool import spool_dir
@@ -88,10 +90,24 @@ FORWARDED = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP)
 MAX_RUNTIME_RERUNS = 3
 
 
+class _Verdict:
+    """Set the moment an Outcome exists, so a signal can no longer change it.
+
+    Between ``raise Outcome`` deep inside and ``finish()`` (which only notes
+    signals), a SIGTERM would otherwise raise Interrupted on top of the verdict
+    and turn a finished delete into an internal error (exit 70).
+    """
+
+    decided = False
+    #: While a sandbox's siblings are deleted after its own verdict: a signal stops them, not the verdict.
+    siblings = False
+
+
 class Outcome(Exception):
     """How one delete ended: raised from deep inside, reported once by ``run``."""
 
     def __init__(self, outcome: str, status: int, reason: str = "", failed: bool = False) -> None:
+        _Verdict.decided = True
         super().__init__(reason or outcome)
         self.outcome = outcome
         self.status = status
@@ -108,7 +124,8 @@ def signal_name(signum: int) -> str:
 
 
 def _raise_interrupted(signum: int, _frame: object) -> None:
-    raise Interrupted(signum, signal_name(signum))
+    if not _Verdict.decided or _Verdict.siblings:  # once decided, a signal changes nothing (_Verdict)
+        raise Interrupted(signum, signal_name(signum))
 
 
 def _note_only(_signum: int, _frame: object) -> None:
@@ -157,8 +174,14 @@ class DeleteRun:
             "runtime_runs": 0,
         }
         self.record: str | None = None
+        #: The container's cgroup directories, once read from its state.
+        self.paths: list[str] = []
+        #: The sandbox whose delete runs this one (a CRI sandbox's dead sibling), if any.
+        self.sibling_of: str | None = None
         #: runc-guard had to wait for (or kill) processes before the runtime could run.
         self.waited = False
+        #: How a sibling's delete ended (its outcome), once it has.
+        self.ended: str | None = None
 
     # -- reporting -------------------------------------------------------------
 
@@ -183,6 +206,8 @@ class DeleteRun:
         entry = dict(self.canonical, outcome=end.outcome, exit_status=end.status, total_ms=total_ms)
         entry.update(_own_cost())
         entry["pending_record"] = self.record if os.path.exists(self.record or "") else None
+        if FALLBACKS:
+            entry["kernel_fallbacks"] = sorted(FALLBACKS)
         if end.reason:
             entry["reason"] = end.reason
         if end.outcome == UNKNOWN:
@@ -195,6 +220,7 @@ class DeleteRun:
     # -- the delete ------------------------------------------------------------
 
     def run(self, early_signals: Sequence[int] = ()) -> int:
+        _Verdict.decided = False
         previous = {sig: _signal.signal(sig, _raise_interrupted) for sig in FORWARDED}
         try:
             try:
@@ -274,7 +300,7 @@ class DeleteRun:
             pid_namespace=state.pid_namespace,
         )
         mounts = self.mounts()
-        not_before = start_wall_time(state.init_start) if state.init_start else None
+        not_before = self._init_started_wall(state)
         try:
             ownership = check_container_paths(
                 state, self.fs, mounts, not_before, self.settings.container_cgroup_patterns
@@ -289,16 +315,37 @@ class DeleteRun:
                 True,
             ) from None
         self.canonical["cgroup_paths"] = ownership.paths
+        self.paths = ownership.paths
         if ownership.step_aside is not None:
             self._step_aside(ownership.step_aside, None)
         with self._claim() as held:
             if held == BUSY:
                 raise Outcome("deadline", EXIT_CGROUP_BUSY, self._busy_reason(), True)
             self.record = self._write_record(state, ownership.paths)
-            status = self._delete_container(state, ownership.paths)
-        if state.is_sandbox:
+            end = Outcome(*self._delete_container(state, ownership.paths))
+        if state.is_sandbox and end.status == 0 and end.outcome in (REMOVED, ALREADY_GONE):
+            # Only once the sandbox itself is gone, within what is left of its deadline.
             self._finish_siblings(state)
-        raise Outcome(*status)
+        raise end
+
+    def _init_started_wall(self, state: ContainerState) -> float | None:
+        """When the container's init started, on the wall clock that stamped its cgroups.
+
+        The start time is in ticks since boot; turning it into wall-clock time with
+        today's boot time is wrong by every wall-clock step since (chrony's makestep,
+        a resumed VM). runc stamps ``created`` after the init started and its
+        cgroups were made, so an estimate later than ``created`` can only be such
+        a forward step: then ``created`` bounds it (the step is noted). A backward
+        step only makes the check more lenient.
+        """
+        if not state.init_start:
+            return None
+        estimate = start_wall_time(state.init_start)
+        if state.created > 0 and estimate > state.created:
+            if estimate - state.created > CREATED_MARGIN:
+                self.canonical["clock_step_s"] = round(estimate - state.created, 3)
+            return state.created
+        return estimate
 
     def _claim(self) -> Claim:
         return Claim(self.settings.pending_dir, self.root, self.container_id, self.deadline, self.clock)
@@ -307,27 +354,56 @@ class DeleteRun:
         return f"another delete of {self.container_id} was still running at the deadline"
 
     def _step_aside(self, why: str, status: int | None) -> NoReturn:
-        """Let the runtime act exactly as it would alone; runc-guard kills and removes nothing."""
+        """Let the runtime act exactly as it would alone; runc-guard kills and removes nothing.
+
+        Unbounded, as the runtime alone would run, except for a sandbox's sibling:
+        that runs inside the sandbox's deadline, which containerd's 5 s bounds.
+        What the runtime leaves stays visible: an aside record that audit reports
+        (not a pending record: nothing may finish what was not provably ours).
+        """
         self.log.warning("step_aside", reason=why)
         if self.record is not None:
             remove_record(self.record)
+            self.record = None
         if status is None:
-            status = run_runtime_child(self.runtime, self.args).status
+            bound = self.deadline if self.sibling_of else None
+            run = run_runtime_child(self.runtime, self.args, bound, self.clock)
             self.canonical["runtime_runs"] += 1
+            if run.timed_out:
+                reason = str(RuntimeDeadline(self.runtime, run.waited_ms))
+                raise Outcome("deadline", EXIT_CGROUP_BUSY, f"stepped aside ({why}); {reason}", True)
+            status = run.status
+        left = [p for p in self.paths if self.fs.exists(p)]
+        if left:
+            self.canonical["aside_record"] = write_aside(
+                self.settings.cache_dir, self.root, self.container_id, left, why
+            )
         raise Outcome("stepped_aside", status, why)
 
-    def _kill_policy(self, state: ContainerState) -> tuple[bool, bool]:
-        """(may_kill, watch_foreign): kill only where runc's destroy would (no private PID namespace)."""
+    def _kill_policy(self, state: ContainerState) -> tuple[bool, bool, bool]:
+        """(may_kill, watch_foreign, wait_first).
+
+        Kill only where runc's destroy would (no private PID namespace). Wait for
+        emptiness before the runtime only where that changes nothing the runtime
+        would do: runc-guard kills as the runtime would, or the kernel is already
+        killing (a private PID namespace whose init died). Otherwise (runc-guard
+        will not kill: ``kill_stragglers = false``, or the PID namespace is
+        unknown) the runtime runs first, and its own kill applies.
+        """
         may_kill = self.settings.kill_stragglers and state.pid_namespace in (PID_HOST, PID_JOINED)
-        return may_kill, state.pid_namespace == PID_PRIVATE
+        private = state.pid_namespace == PID_PRIVATE
+        return may_kill, private, may_kill or private
 
     def _delete_container(self, state: ContainerState, paths: list[str]) -> tuple[str, int, str]:
         """The decision table; returns (outcome, status, reason) for a delete that got through."""
-        may_kill, watch_foreign = self._kill_policy(state)
-        alive = init_alive(state.init_pid, state.init_start)
-        self.canonical["init_alive"] = alive
+        may_kill, watch_foreign, wait_first = self._kill_policy(state)
+        liveness = init_liveness(state.init_pid, state.init_start)
+        self.canonical["init_alive"] = liveness == ALIVE
+        if liveness not in (ALIVE, DEAD):  # unknown: a /proc read failed, act as if not there
+            self.canonical["init"] = liveness
+            self._step_aside(f"cannot tell whether init {state.init_pid} is alive (/proc unreadable)", None)
         unit = self._scope_unit(state)
-        if not alive:
+        if liveness == DEAD and wait_first:
             # The dead-shim path: empty first, so the runtime's own removal succeeds.
             if unit is not None:
                 self._settle_scope(unit, paths, "systemd_scope")
@@ -406,8 +482,9 @@ class DeleteRun:
         """
         if not 0 < run.status < 128 or not runtime_state_exists(self.invocation.root, self.container_id):
             return run  # success, a death by signal, or the state is gone: nothing to re-run
-        if init_alive(state.init_pid, state.init_start) or not any(self.fs.exists(p) for p in paths):
-            return run  # not a busy cgroup: the runtime's own failure, passed on unchanged
+        dead = init_liveness(state.init_pid, state.init_start) == DEAD
+        if not dead or not any(self.fs.exists(p) for p in paths):
+            return run  # not a busy cgroup (or we cannot tell): the runtime's failure, passed on unchanged
         from tenacity import Retrying, retry_if_result, stop_after_attempt
 
         def busy_again(last: RuntimeRun) -> bool:
@@ -505,20 +582,42 @@ class DeleteRun:
 
         containerd's dead-shim cleanup deletes only the sandbox (the pod's
         containers shared its shim); their runtime state and cgroups would stay.
-        A sibling whose init is alive is never touched.
+        A sibling whose init is alive, or whose liveness cannot be read, is never
+        touched. Cost on a node with hundreds of containers in the root: a state
+        is parsed only when its bytes name the sandbox (runc's labels, crun's
+        config.json annotations), so the others cost one read each.
         """
+        needle = sandbox.container_id.encode()
         siblings = []
         for container_id in _state_ids(self.invocation.root):
-            if container_id == self.container_id:
+            if container_id == self.container_id or not _mentions(self.invocation.root, container_id, needle):
                 continue
             try:
                 state = read_state(self.invocation.root, container_id, self.mounts)
-            except StateUnreadable:
+            except (StateUnreadable, StateMissing):
                 continue
-            if state.sandbox_id == sandbox.container_id and not init_alive(state.init_pid, state.init_start):
+            dead = init_liveness(state.init_pid, state.init_start) == DEAD
+            if state.sandbox_id == sandbox.container_id and dead:
                 siblings.append(state)
-        done = []
+        done: list[dict[str, object]] = []
+        _Verdict.siblings = True
+        try:
+            self._delete_siblings(sandbox, siblings, done)
+        except Interrupted as exc:  # the caller stopped us: the rest wait for a retry or the sweep
+            done.append({"interrupted": str(exc)})
+        finally:
+            _Verdict.siblings = False
+        if done:
+            self.canonical["siblings"] = done
+
+    def _delete_siblings(
+        self, sandbox: ContainerState, siblings: list[ContainerState], done: list[dict[str, object]]
+    ) -> None:
+        """Each sibling's delete in turn, sharing the sandbox's deadline; a signal stops them all."""
         for state in siblings:
+            if self.clock() >= self.deadline:
+                done.append({"id": state.container_id, "skipped": "no time left in the sandbox's deadline"})
+                continue
             sibling = DeleteRun(
                 _sibling_invocation(self.invocation, state.container_id),
                 [*self.invocation.global_args(with_log=False), "delete", "--force", state.container_id],
@@ -530,11 +629,12 @@ class DeleteRun:
                 log=self.log,
             )
             sibling.deadline = self.deadline
+            sibling.sibling_of = sandbox.container_id
             sibling.canonical["sandbox_id"] = sandbox.container_id
             status = sibling.run_sibling(state)
             done.append({"id": state.container_id, "exit_status": status})
-        if done:
-            self.canonical["siblings"] = done
+            if sibling.ended == "interrupted":  # a signal reached its runtime child: stop here
+                break
 
     def run_sibling(self, state: ContainerState) -> int:
         """The same delete for a sibling; its own canonical entry, never on stderr or ``--log``."""
@@ -542,6 +642,7 @@ class DeleteRun:
             self._with_state(state)
         except Outcome as end:
             end.failed = False  # the sandbox's caller asked about the sandbox only
+            self.ended = end.outcome
             return self.finish(end, final=False)
         raise AssertionError("every delete ends with an Outcome")  # pragma: no cover
 
@@ -563,6 +664,19 @@ def _state_ids(root: str) -> list[str]:
         return sorted(os.listdir(root))
     except OSError:
         return []
+
+
+def _mentions(root: str, container_id: str, needle: bytes) -> bool:
+    """Do the container's state bytes (runc's state.json, else crun's config.json) contain ``needle``?"""
+    for name in ("state.json", "config.json"):
+        try:
+            with open(os.path.join(root, container_id, name), "rb") as f:
+                return needle in f.read(MAX_STATE_BYTES + 1)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return True  # cannot tell from the bytes: let read_state decide
+    return False
 
 
 def _sibling_invocation(parent: Invocation, container_id: str) -> Invocation:

@@ -1,0 +1,84 @@
+"""Aside records: what a delete that stepped aside left behind, kept visible for audit.
+
+A delete steps aside when it cannot prove the cgroups are the container's own,
+cannot read a fact (an init's liveness), meets a process that is not the
+container's, or starts on an overloaded node: the runtime then acts alone, as if
+runc-guard were not there. Whatever that leaves must not vanish silently, but it
+must not be finished as a pending record either (nothing proved it ours), so it
+goes here, beside the pending records: ``audit`` lists these, and the sweep
+judges the cgroups by its own rules and drops a record once nothing it names is left.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from runc_guard import cjson
+from runc_guard.atomic import read_trusted, write_atomic
+from runc_guard.delete.pending import record_path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+#: ``<cache_dir>/aside``: in /run, as cgroups do not outlive a boot.
+ASIDE_DIR = "aside"
+MAX_ASIDE_BYTES = 1 << 20
+
+
+def aside_dir(cache_dir: str) -> str:
+    return os.path.join(cache_dir, ASIDE_DIR)
+
+
+def write_aside(
+    cache_dir: str, runtime_root: str, container_id: str, cgroup_paths: list[str], reason: str
+) -> str | None:
+    """Record a stepped-aside delete's leftovers; the file's path, or None if it cannot be written.
+
+    Best effort and small: the delete's own entry already says it stepped aside.
+    ``cgroup_paths`` may be empty when the delete stepped aside before reading any
+    state (start-up overload): audit then looks the id up itself.
+    """
+    path = record_path(aside_dir(cache_dir), runtime_root, container_id)
+    doc = {
+        "container_id": container_id,
+        "runtime_root": runtime_root,
+        "cgroup_paths": cgroup_paths,
+        "reason": reason,
+        "created": round(time.time(), 3),
+    }
+    try:
+        write_atomic(path, cjson.dumps(doc).encode(), 0o600, durable=False, dir_mode=0o700)
+    except OSError:
+        return None
+    return path
+
+
+def read_aside(path: str) -> dict[str, object] | None:
+    """One aside record as written by :func:`write_aside`; None when unusable (never trusted)."""
+    raw = read_trusted(path, MAX_ASIDE_BYTES)
+    if raw is None:
+        return None
+    try:
+        doc = cjson.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("container_id"), str):
+        return None
+    paths = doc.get("cgroup_paths")
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        return None
+    return doc
+
+
+def iter_aside(cache_dir: str) -> Iterator[tuple[str, dict[str, object] | None]]:
+    """Every aside record file and its content (None when unusable), in name order."""
+    directory = aside_dir(cache_dir)
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".json") and not n.startswith("."))
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(directory, name)
+        yield path, read_aside(path)
