@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # systemd-journald and systemd-analyze; python3-venv builds the test venv;
 # debootstrap + systemd-container: the booted-systemd lab of the systemd cgroup
 # driver (systemd-nspawn); prometheus: promtool, which checks and unit-tests the
-# alert rules; strace: stalls an import deterministically in the signal tests;
+# alert rules; strace: stalls an import and injects syscall faults (pidfd_open ENOSYS, /proc EMFILE);
 # gcc + libc6-dev: the CRI suite's static pause binary.
 APT_PACKAGES := runc containerd crun busybox-static python3-venv systemd util-linux procps make \
 	debootstrap systemd-container prometheus strace gcc libc6-dev

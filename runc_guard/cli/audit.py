@@ -22,6 +22,8 @@ from runc_guard.node.audit import (
     families,
     fronted_runtime,
     judge,
+    lost_entries,
+    stepped_aside,
 )
 from runc_guard.settings import Settings, load
 
@@ -65,6 +67,8 @@ def run_audit(
     discovery = scan(settings, where, fs, runtime)
     report = audit(discovery, fs, runtime, now, where.min_age)
     report.runtime = fronted_runtime(os.environ)
+    report.aside = stepped_aside(settings.cache_dir, fs, now)
+    report.lost_entries = lost_entries(settings.cache_dir)
     code = judge(report, max_leaked, pending_max_age, config_error)
     return report, code, now
 

@@ -20,7 +20,7 @@ from runc_guard.delete.pending import record_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 #: ``<cache_dir>/aside``: in /run, as cgroups do not outlive a boot.
 ASIDE_DIR = "aside"
@@ -82,3 +82,25 @@ def iter_aside(cache_dir: str) -> Iterator[tuple[str, dict[str, object] | None]]
     for name in names:
         path = os.path.join(directory, name)
         yield path, read_aside(path)
+
+
+def prune_aside(cache_dir: str, exists: Callable[[str], bool] = os.path.lexists) -> int:
+    """Drop aside records whose cgroups are all gone (or, naming none, whose runtime state is); the count.
+
+    For the sweep, so that /run does not fill with records of a node's crash loops.
+    An unusable record is dropped too: audit has had its chance to report it.
+    """
+    dropped = 0
+    for path, doc in iter_aside(cache_dir):
+        if doc is not None:
+            listed = doc["cgroup_paths"]
+            paths = [p for p in listed if isinstance(p, str)] if isinstance(listed, list) else []
+            state_dir = os.path.join(str(doc.get("runtime_root", "")), str(doc["container_id"]))
+            if any(exists(p) for p in paths) or (not paths and exists(state_dir)):
+                continue
+        try:
+            os.unlink(path)
+            dropped += 1
+        except OSError:
+            pass
+    return dropped

@@ -120,8 +120,13 @@ def deliver(log: EventLog, settings: Settings, directory: str) -> None:
     """Spool this delete's entries and leave the sending to a detached reporter.
 
     The verdict is final and stderr/``--log``/the stats line are written: what
-    is left is for an operator, not for containerd. No spool (full or
-    read-only /run): send now, on the caller's time, rather than lose them.
+    is left is for an operator, not for containerd, and must not delay its
+    reply. No spool (full or read-only /run): the entries go straight to the
+    fallback file as JSON lines, the format the reporter writes there when
+    journald is absent; where even that fails they are counted as lost
+    (``<cache_dir>/lost-entries``, one byte each, for the metrics). Never
+    journald inline: its waits (up to 2 s an entry) and structlog's import
+    would run on containerd's time.
     """
     if not log.entries:
         return
@@ -129,11 +134,27 @@ def deliver(log: EventLog, settings: Settings, directory: str) -> None:
     try:
         write_spool(directory, log.entries, sink)
     except OSError:
-        try:
-            from runc_guard.logs import send_entries
-
-            send_entries(log.entries, (settings.journal_socket, settings.log_file))
-        except Exception:  # noqa: BLE001 - logging never changes the status
-            pass
+        _fallback(log.entries, settings)
         return
     detach_reporter(directory, settings.reporter_linger)
+
+
+#: Where entries that could be neither spooled nor written are counted, under the cache directory.
+LOST_ENTRIES = "lost-entries"
+
+
+def _fallback(entries: list[dict[str, object]], settings: Settings) -> None:
+    """Append the entries to the fallback file; count the ones that cannot be written."""
+    from runc_guard import cjson
+    from runc_guard.atomic import append_line
+
+    lost = 0
+    for entry in entries:
+        try:
+            line = cjson.dumps(entry, sort_keys=True)
+        except (TypeError, ValueError):
+            line = cjson.dumps({str(k): str(v) for k, v in entry.items()}, sort_keys=True)
+        if not append_line(settings.log_file, line + "\n", 0o640, make_dirs=True):
+            lost += 1
+    if lost:
+        append_line(os.path.join(settings.cache_dir, LOST_ENTRIES), "x" * lost, 0o600, make_dirs=True)

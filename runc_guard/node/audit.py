@@ -68,6 +68,10 @@ class AuditReport:
     runtime: dict[str, str] = field(default_factory=dict)
     #: systemd driver: failed container scope units (sweep entries: would_reset_failed / kept:<reason>).
     failed_scopes: list[dict[str, Any]] = field(default_factory=list)
+    #: Deletes that stepped aside (the runtime acted alone) and whose cgroups are still there.
+    aside: list[dict[str, Any]] = field(default_factory=list)
+    #: Log entries a delete could neither spool nor write to the fallback file (since boot).
+    lost_entries: int = 0
     status: str = "ok"
     message: str = ""
 
@@ -112,6 +116,46 @@ def fronted_runtime(environ: Mapping[str, str]) -> dict[str, str]:
     except (RuncGuardError, OSError, ValueError, TypeError, subprocess.SubprocessError) as exc:
         info["error"] = str(exc)
     return info
+
+
+def stepped_aside(cache_dir: str, fs: CgroupFsOps, now: float) -> list[dict[str, Any]]:
+    """Aside records whose cgroups remain, or that name none (start-up overload) while its state stays.
+
+    Look, never touch: what a stepped-aside delete left is judged by the sweep's own
+    rules like any other cgroup; these only keep the case visible.
+    """
+    from runc_guard.delete.aside import iter_aside
+
+    found: list[dict[str, Any]] = []
+    for path, doc in iter_aside(cache_dir):
+        if doc is None:
+            found.append({"record": path, "error": "unusable aside record"})
+            continue
+        listed = doc["cgroup_paths"]
+        paths = [p for p in listed if isinstance(p, str)] if isinstance(listed, list) else []
+        left = [p for p in paths if fs.exists(p)]
+        root, cid = str(doc.get("runtime_root", "")), str(doc["container_id"])
+        if paths and not left:
+            continue
+        if not paths and not os.path.exists(os.path.join(root, cid)):
+            continue
+        created = doc.get("created")
+        age = round(now - created, 1) if isinstance(created, int | float) else None
+        found.append(
+            {"record": path, "container_id": cid, "reason": doc.get("reason", ""), "cgroup_dirs": len(left),
+             "age_seconds": age}
+        )
+    return found
+
+
+def lost_entries(cache_dir: str) -> int:
+    """How many log entries deletes have lost (report.LOST_ENTRIES: one byte each)."""
+    from runc_guard.delete.report import LOST_ENTRIES
+
+    try:
+        return os.stat(os.path.join(cache_dir, LOST_ENTRIES)).st_size
+    except OSError:
+        return 0
 
 
 def audit(
@@ -201,6 +245,10 @@ def judge(
     orphan_scopes = [s for s in report.failed_scopes if s["action"] == "would_reset_failed"]
     if orphan_scopes:
         problems.append(f"{len(orphan_scopes)} failed scope unit(s) of gone containers")
+    if report.aside:
+        problems.append(f"{len(report.aside)} stepped-aside delete(s) left cgroups or state behind")
+    if report.lost_entries:
+        problems.append(f"{report.lost_entries} delete log entr(ies) lost (no spool, no fallback file)")
     if problems:
         report.status = "problem"
         report.message = "CgroupLeak: " + "; ".join(problems)
@@ -276,6 +324,16 @@ def families(report: AuditReport, now: float) -> list[Family]:
             "runc_guard_bundles_without_runtime_state",
             "containerd bundles with no runc state.",
             len(report.bundles_without_state),
+        ),
+        Family.one(
+            "runc_guard_stepped_aside_leftovers",
+            "Deletes that stepped aside (the runtime acted alone) whose cgroups or state remain.",
+            len(report.aside),
+        ),
+        Family.one(
+            "runc_guard_lost_log_entries",
+            "Delete log entries that could be neither spooled nor written to the fallback file.",
+            report.lost_entries,
         ),
         Family.one(
             "runc_guard_audit_ok",

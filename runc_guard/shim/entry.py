@@ -108,8 +108,13 @@ def _report_overloaded(
 ) -> None:
     """Spool the stepped-aside delete's entry like every delete's: journald may be absent."""
     try:
+        from runc_guard.delete.aside import write_aside
         from runc_guard.delete.report import EventLog, detach_reporter
         from runc_guard.spool import spool_dir, write_spool
+
+        # No state was read (that is the load it avoids): audit looks the id up itself.
+        root = os.path.abspath(invocation.root)
+        write_aside(settings.cache_dir, root, invocation.container_id or "", [], reason)
 
         context = {"container_id": invocation.container_id, "runtime_root": invocation.root}
         log = EventLog("info", context)
