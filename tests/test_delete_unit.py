@@ -65,6 +65,7 @@ class Lab:
         self.spool = spool_dir(os.path.join(tmp, "cache"))
         self.settings = Settings(
             pending_dir=os.path.join(tmp, "pending"),
+            cache_dir=os.path.join(tmp, "cache"),
             journal_socket=os.path.join(tmp, "no-journald.socket"),
             log_file=os.path.join(tmp, "events.jsonl"),
             stats_file=os.path.join(tmp, "stats.jsonl"),
@@ -833,3 +834,122 @@ def test_every_outcome_the_delete_can_raise_is_listed() -> None:
         and node.args and isinstance(node.args[0], ast.Constant)
     }  # fmt: skip
     assert raised and raised <= set(outcomes.OUTCOMES)
+
+
+# -- never more harm than the runtime when a fact fails (issue 21) ---------------------------
+
+
+def test_unknown_liveness_steps_aside_and_leaves_an_aside_record(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A /proc read that fails (EMFILE, ENOMEM) says nothing about the init: runc-guard steps aside,
+    kills nothing, the runtime runs alone and unbounded, and what it leaves is an aside record, not a
+    pending one."""
+    monkeypatch.setattr(delete_mod, "init_liveness", lambda _pid, _start: "unknown")
+    dirs = lab.container("c1", pids=(4242,))
+    assert lab.run("c1", lab.runtime(0)) == 0
+    assert lab.runs() == ["runtime c1"] and lab.fs.killed == [] and lab.records() == []
+    entry = lab.entry()
+    assert entry["outcome"] == "stepped_aside" and "cannot tell whether init" in entry["reason"]
+    from runc_guard.delete.aside import iter_aside
+
+    ((path, doc),) = list(iter_aside(lab.settings.cache_dir))
+    assert entry["aside_record"] == path and doc is not None and doc["cgroup_paths"] == dirs
+
+
+def test_siblings_wait_for_the_sandbox_to_be_deleted(lab: Lab) -> None:
+    """A sandbox whose own delete failed (the runtime kept its state) leaves its dead siblings alone."""
+    lab.container("sb", labels={CONTAINER_TYPE_LABEL: "sandbox", SANDBOX_ID_LABEL: "sb"})
+    sibling = lab.container("app1", labels={CONTAINER_TYPE_LABEL: "container", SANDBOX_ID_LABEL: "sb"})
+    assert lab.run("sb", lab.runtime(1, removes_state=False)) == 1
+    assert lab.has_state("app1") and all(lab.fs.exists(d) for d in sibling)
+    assert "siblings" not in lab.entry()
+
+
+def test_a_sibling_that_steps_aside_runs_within_the_sandbox_deadline(lab: Lab) -> None:
+    """A sibling whose cgroups are not provably its own steps aside, but its runtime run is bounded by
+    the sandbox's deadline (containerd gives the whole cleanup 5 s), not left to run as long as it likes."""
+    settings = lab.settings.replace(delete_timeout=1.0)
+    lab.container("sb", labels={CONTAINER_TYPE_LABEL: "sandbox", SANDBOX_ID_LABEL: "sb"})
+    labels = {CONTAINER_TYPE_LABEL: "container", SANDBOX_ID_LABEL: "sb"}
+    lab.container("app1", relative="/rgt/shared", labels=labels)
+    slow = lab.runtime(0, body='case "$id" in app1) exec sleep 30;; esac')
+    started = time.monotonic()
+    assert lab.run("sb", slow, settings) == 0
+    assert time.monotonic() - started < 10, "the sibling's runtime ran past the sandbox's deadline"
+    (sibling,) = lab.entry()["siblings"]
+    assert sibling["id"] == "app1" and sibling["exit_status"] == 75
+
+
+def test_a_forward_clock_step_does_not_make_cgroups_look_older_than_the_init(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The init's wall-clock start rebuilt with today's clock is two hours late after a forward step:
+    runc's 'created' (stamped after the cgroups were made) bounds it, so the delete goes through and
+    notes the step. Control: without 'created' to bound it, the same directories look older and the
+    delete steps aside, as every delete did before."""
+    created = time.time()
+    monkeypatch.setattr(delete_mod, "start_wall_time", lambda _start: created + 7200.0)
+    dirs = lab.container("c1", alive=False, mtime=created - 0.2)
+    state_file = os.path.join(lab.root, "c1", "state.json")
+    with open(state_file) as f:
+        doc = json.load(f)
+    doc["init_process_start"] = 12345
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(created % 1 * 1e9):09d}Z"
+    doc["created"] = stamp
+    with open(state_file, "w") as f:
+        json.dump(doc, f)
+    assert lab.run("c1", lab.runtime(0)) == 0
+    entry = lab.entry()
+    assert entry["outcome"] == "removed" and 7199 < entry["clock_step_s"] < 7201
+    assert not any(lab.fs.exists(d) for d in dirs)
+
+    lab.container("c2", alive=False, mtime=created - 0.2)
+    state_file = os.path.join(lab.root, "c2", "state.json")
+    with open(state_file) as f:
+        doc = json.load(f)
+    doc["init_process_start"] = 12345
+    del doc["created"]
+    with open(state_file, "w") as f:
+        json.dump(doc, f)
+    assert lab.run("c2", lab.runtime(0)) == 0
+    assert lab.entry()["outcome"] == "stepped_aside"
+
+
+def test_a_signal_between_the_verdict_and_finish_changes_nothing(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGTERM that lands after the outcome is decided but before finish() takes the handlers used to
+    raise Interrupted on top of it: a finished delete reported exit 70. Now it is only noted."""
+    dirs = lab.container("c1")
+    real = DeleteRun.finish
+
+    def late_signal(self: DeleteRun, end: Any, final: bool = True) -> int:
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered at once: the handler runs before the next line
+        return real(self, end, final)
+
+    monkeypatch.setattr(DeleteRun, "finish", late_signal)
+    assert lab.run("c1", lab.runtime(0)) == 0
+    assert not any(lab.fs.exists(d) for d in dirs)
+    assert lab.entry()["outcome"] == "removed"
+
+
+def test_entries_never_wait_on_journald_when_the_spool_is_unwritable(lab: Lab, tmp_path: Any) -> None:
+    """No spool (a full /run): the entries go straight to the fallback file, with no journald wait; when
+    that cannot be written either they are counted as lost for the metrics."""
+    from runc_guard.delete.report import LOST_ENTRIES, EventLog, deliver
+
+    blocker = os.path.join(str(tmp_path), "not-a-dir")
+    open(blocker, "w").close()
+    log = EventLog("info", {"container_id": "c1"})
+    log.info("delete", outcome="removed")
+    settings = lab.settings.replace(journal_socket=os.path.join(str(tmp_path), "slow.sock"))
+    started = time.monotonic()
+    deliver(log, settings, os.path.join(blocker, "spool"))
+    assert time.monotonic() - started < 0.5
+    assert [e["outcome"] for e in lab.events()] == ["removed"]
+
+    lost_log = settings.replace(log_file=os.path.join(blocker, "events.jsonl"))
+    deliver(log, lost_log, os.path.join(blocker, "spool"))
+    with open(os.path.join(settings.cache_dir, LOST_ENTRIES)) as f:
+        assert len(f.read()) == 1

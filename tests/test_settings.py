@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -152,3 +153,36 @@ def test_untrusted_cache_is_ignored(tmp_path: os.PathLike[str]) -> None:
         f.write(b"\xff garbage")
     os.chmod(cache, 0o666)
     assert read_settings_file(env["RUNC_GUARD_CONFIG"], env["RUNC_GUARD_CACHE_DIR"]) == {"runtime": "a"}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "delete_timeout = 1" + "0" * 320,  # an integer beyond a double: OverflowError
+        "x = " + "[" * 2000 + "]" * 2000,  # nested past the parser's recursion limit
+        "container_cgroup_patterns = " + "[" * 200 + "]" * 200,  # deep, parses, repr of it is cut
+        "delete_timeout = " + "9" * 5000,  # past int's digit limit: ValueError inside tomllib
+    ],
+)
+def test_hostile_values_never_escape_load(tmp_path: Any, body: str) -> None:
+    """A value that overflows or nests deeply is a problem that keeps the default, never a traceback:
+    load() runs on every runtime call, create and start included."""
+    config = os.path.join(tmp_path, "config.toml")
+    with open(config, "w") as f:
+        f.write(body + "\n")
+    settings = load({"RUNC_GUARD_CONFIG": config, "RUNC_GUARD_CACHE_DIR": os.path.join(tmp_path, "c")})
+    assert settings.delete_timeout == 4.0 and settings.problems
+    assert all(len(p) < 1000 for p in settings.problems)
+
+
+def test_unmapped_handler_name_is_a_problem_not_a_fallback(tmp_path: Any) -> None:
+    """runc-guard-nvidia with no [runtimes] entry must not reach the default runtime; runc-guard's own
+    names (its .pyz file too) and runc route to the default."""
+    from runc_guard.settings import unmapped_problem
+
+    settings = load({"RUNC_GUARD_CONFIG": os.path.join(tmp_path, "absent.toml")})
+    problem = unmapped_problem(settings, "runc-guard-nvidia")
+    assert problem is not None and "runc-guard-nvidia" in problem and "[runtimes]" in problem
+    assert [unmapped_problem(settings, n) for n in ("runc-guard", "runc", "runc-guard.pyz")] == [None] * 3
+    mapped = settings.replace(runtimes={"runc-guard-nvidia": "nvidia-container-runtime"})
+    assert unmapped_problem(mapped, "runc-guard-nvidia") is None

@@ -344,3 +344,29 @@ def test_environment_is_byte_identical(shim_binary: str, recorder: str, tmp_path
     with open(os.path.join(tmp_path, "rec.env"), "rb") as f:
         got = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if item)
     assert got == env_b
+
+
+def test_unmapped_handler_name_fails_and_never_reaches_the_default(
+    shim_binary: str, recorder: str, tmp_path: os.PathLike[str]
+) -> None:
+    """Invoked as runc-guard-nvidia with no [runtimes] entry (the file absent): exit 78 with one clear
+    stderr line; the default runtime (the recorder) is never run. The same call under runc-guard's own
+    name still reaches it; a settings file nested too deep for the parser is no traceback either."""
+    link = os.path.join(tmp_path, "runc-guard-nvidia")
+    os.symlink(shim_binary, link)
+    record = os.path.join(tmp_path, "rec")
+    env = isolated_env(tmp_path, {"RUNC_GUARD_RUNTIME": recorder, "RECORD_TO": record})
+    proc = subprocess.run(
+        [link, "state", "c1"], env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert proc.returncode == 78 and not os.path.exists(record)
+    assert proc.stderr.startswith("runc-guard: invoked as 'runc-guard-nvidia'")
+    assert proc.stderr.count("\n") == 1
+    deep = os.path.join(tmp_path, "deep.toml")
+    with open(deep, "w") as f:
+        f.write("x = " + "[" * 2000 + "]" * 2000 + "\n")
+    proc = subprocess.run(
+        [shim_binary, "state", "c1"], env={**env, "RUNC_GUARD_CONFIG": deep}, capture_output=True, text=True,
+        timeout=30, check=False,
+    )
+    assert proc.returncode == 0 and proc.stderr == "" and os.path.exists(record)

@@ -1,0 +1,142 @@
+"""Never more harm than the runtime, when a fact about the node fails (issue 21), on the real kernel.
+
+Each case runs stock runc 1.1.5 alone as the control, then runc-guard in front of
+it in the same situation, and compares exit status, cgroup directories, live
+processes and runtime state. Faults the kernel will not give on demand are
+injected into the real syscall with strace (``-e inject=SYSCALL:error=ERRNO``).
+A wall-clock step has no faithful stand-in here (a time namespace offsets neither
+CLOCK_REALTIME nor, for its readers, /proc start times; libfaketime breaks
+clock_nanosleep and pidfd_open), so case 5 is proven in tests/test_delete_unit.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from labkit.kernel import RUNC, RuncContainer, reported_events, wait_for
+from labkit.scenario import guard_env
+
+pytestmark = pytest.mark.kernel
+
+STRACE = shutil.which("strace") or "strace"
+
+
+@dataclass
+class Result:
+    """What one delete left: the facts the issue compares, stock against runc-guard."""
+
+    status: int
+    stderr: str
+    dirs: int
+    live: int
+    state: bool
+
+    def row(self) -> tuple[int, int, int, bool]:
+        return (self.status, self.dirs, self.live, self.state)
+
+
+@pytest.fixture
+def dead_init_container(workdir: str) -> Iterator[callable]:  # type: ignore[valid-type]
+    """Host-PID containers whose init was SIGKILLed, five children still inside (Path B)."""
+    made: list[RuncContainer] = []
+
+    def make() -> tuple[RuncContainer, list[int]]:
+        ctr = RuncContainer.start(workdir, children=5)
+        made.append(ctr)
+        children = ctr.children()
+        os.kill(ctr.init_pid(), signal.SIGKILL)
+        assert wait_for(lambda: ctr.init_pid() not in ctr.pids(), 5)
+        return ctr, children
+
+    yield make
+    for ctr in made:
+        ctr.destroy()
+
+
+def _delete(argv: list[str], ctr: RuncContainer, env: dict[str, str], wrap: list[str] = ()) -> Result:  # type: ignore[assignment]
+    proc = subprocess.run(
+        [*wrap, *argv, "--root", ctr.root, "delete", "--force", ctr.id],
+        capture_output=True, text=True, env=env, check=False, timeout=60,
+    )
+    wait_for(lambda: not ctr.pids(), 3)  # what the kernel still has to reap after the exit
+    live = len(ctr.pids()) if ctr.cgroup_dirs() else 0
+    return Result(
+        proc.returncode, proc.stderr, len(ctr.cgroup_dirs()), live,
+        os.path.exists(os.path.join(ctr.root, ctr.id, "state.json")),
+    )
+
+
+def _inject(syscall: str, errno_name: str, *, path: str | None = None, when: str | None = None) -> list[str]:
+    spec = f"{syscall}:error={errno_name}" + (f":when={when}" if when else "")
+    return [STRACE, "-f", "-qq", "-o", "/dev/null", "-e", f"trace={syscall}", "-e", f"inject={spec}",
+            *(["-P", path] if path else [])]
+
+
+def _entry(workdir: str, container_id: str) -> dict:  # type: ignore[type-arg]
+    entries = [e for e in reported_events(workdir) if e.get("event") == "delete"
+               and e.get("container_id") == container_id]
+    assert entries, reported_events(workdir)
+    return entries[-1]
+
+
+def test_without_pidfd_open_the_delete_still_kills_and_removes(
+    shim_binary: str, workdir: str, dead_init_container: callable  # type: ignore[valid-type]
+) -> None:
+    """Case 1, a kernel before 5.3: pidfd_open fails ENOSYS. Stock runc kills the host-PID stragglers
+    by pid and exits 0 with nothing left; runc-guard now does the same (by pid, after a start-time
+    check) instead of exiting 70 with every straggler alive, and says which fallback it used."""
+    enosys = _inject("pidfd_open", "ENOSYS")
+    stock_ctr, _ = dead_init_container()
+    stock = _delete([RUNC], stock_ctr, dict(os.environ), enosys)
+    guard_ctr, _ = dead_init_container()
+    guard = _delete([shim_binary], guard_ctr, guard_env(workdir, RUNC_GUARD_RUNTIME=RUNC), enosys)
+    assert stock.row() == (0, 0, 0, False), stock
+    assert guard.row() == (0, 0, 0, False), guard
+    entry = _entry(workdir, guard_ctr.id)
+    assert entry["outcome"] == "removed" and len(entry["stragglers_killed"]) == 5
+    assert "pidfd_open:ENOSYS" in entry["kernel_fallbacks"]
+
+
+def test_unreadable_init_stat_steps_aside(shim_binary: str, workdir: str) -> None:
+    """Case 2: runc-guard's read of the init's /proc/<pid>/stat fails with EMFILE (only that first
+    read: runc's own reads succeed). Unknown is not dead: runc-guard steps aside and runc alone
+    deletes the running container exactly as stock runc does (control: the same container kind,
+    no fault): exit 0, nothing left; the entry says why."""
+    stock_ctr = RuncContainer.start(workdir, children=2)
+    guard_ctr = RuncContainer.start(workdir, children=2)
+    try:
+        stock = _delete([RUNC], stock_ctr, dict(os.environ))
+        fault = _inject("openat", "EMFILE", path=f"/proc/{guard_ctr.init_pid()}/stat", when="1")
+        guard = _delete([shim_binary], guard_ctr, guard_env(workdir, RUNC_GUARD_RUNTIME=RUNC), fault)
+        assert stock.row() == (0, 0, 0, False), stock
+        assert guard.row() == stock.row(), guard
+        entry = _entry(workdir, guard_ctr.id)
+        assert entry["outcome"] == "stepped_aside" and "cannot tell whether init" in entry["reason"]
+        assert entry["stragglers_killed"] == []
+    finally:
+        stock_ctr.destroy()
+        guard_ctr.destroy()
+
+
+def test_kill_stragglers_false_lets_the_runtime_kill(
+    shim_binary: str, workdir: str, dead_init_container: callable  # type: ignore[valid-type]
+) -> None:
+    """Case 4, kill_stragglers = false: stock runc SIGKILLs a host-PID container's stragglers itself and
+    exits 0; runc-guard now runs it first (its own kill applies) and removes the rest: exit 0, nothing
+    left, runc-guard killed nothing. It used to wait for emptiness first and exit 75 on every retry."""
+    stock_ctr, _ = dead_init_container()
+    stock = _delete([RUNC], stock_ctr, dict(os.environ))
+    guard_ctr, _ = dead_init_container()
+    env = guard_env(workdir, RUNC_GUARD_RUNTIME=RUNC, RUNC_GUARD_KILL_STRAGGLERS="false")
+    guard = _delete([shim_binary], guard_ctr, env)
+    assert stock.row() == (0, 0, 0, False), stock
+    assert guard.row() == (0, 0, 0, False), guard
+    entry = _entry(workdir, guard_ctr.id)
+    assert entry["stragglers_killed"] == [] and entry["runtime_runs"] == 1
