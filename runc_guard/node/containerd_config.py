@@ -493,13 +493,13 @@ def default_selection(handlers: Mapping[str, Handler], binary: str) -> list[str]
     return chosen
 
 
-def _why_left(h: Handler) -> str:
+def why_left(h: Handler) -> str:
     if not h.runtime_type:
         return "no runtime_type: containerd cannot start it as it stands"
     return f"runtime_type {h.runtime_type} is not the runc shim: it has no runc binary to front"
 
 
-def _front_one(
+def front_one(
     name: str, h: Handler | None, binary: str, known: Mapping[str, str], mappings: dict[str, str]
 ) -> Fronting:
     """What fronting one handler means: its new binary and what runc-guard runs behind it."""
@@ -569,7 +569,7 @@ def plan_fronting(
     new_mappings: dict[str, str] = {}
     touched: set[str] = set()
     for name in names:
-        fronting = _front_one(name, handlers.get(name), binary, known, new_mappings)
+        fronting = front_one(name, handlers.get(name), binary, known, new_mappings)
         h = handlers.get(name)
         item = by_path[overlay or (h.file if h is not None and h.file in by_path else eff.home)]
         if item.file.path in readonly:
@@ -597,7 +597,7 @@ def plan_fronting(
             if after != (item.file.text or ""):
                 edits[item.file.path] = (item.file.text, after)
     left = tuple(
-        LeftAlone(name, h.runtime_type, _why_left(h) if not h.frontable else "not asked for (--runtime)")
+        LeftAlone(name, h.runtime_type, why_left(h) if not h.frontable else "not asked for (--runtime)")
         for name, h in sorted(handlers.items()) if name not in names
     )
     plan = Plan(version, edits, tuple(fronted), new_mappings, left, eff.default)
@@ -625,7 +625,8 @@ def with_runtime_mappings(text: str | None, mappings: Mapping[str, str], source:
     if not mappings:
         return doc.as_string()
     if "runtimes" not in doc:
-        doc.add(tomlkit.nl())
+        if len(doc.body):  # a new file must not start with a blank line
+            doc.add(tomlkit.nl())
         doc.add(tomlkit.comment("Added by runc-guardctl configure containerd: the runtime each"))
         doc.add(tomlkit.comment("per-handler name (a symlink to runc-guard) runs."))
         doc["runtimes"] = tomlkit.table()
