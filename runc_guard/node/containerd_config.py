@@ -323,16 +323,23 @@ def _trailing_trivia(container: Any) -> list[tuple[Any, Any]]:
     return tail
 
 
+def _put(container: Any, key: str, value: Any) -> None:
+    """``container[key] = value``, a new key going above the table's trailing comments."""
+    if key in container or not isinstance(container, tomlkit.items.Table):
+        container[key] = value
+        return
+    tail = _trailing_trivia(container)
+    siblings = [item for k, item in container.value.body
+                if k is not None and not isinstance(item, (tomlkit.items.Table, tomlkit.items.AoT))]
+    container[key] = value
+    added = container.value.item(key)
+    if siblings and isinstance(added, tomlkit.items.Item) and not isinstance(added, tomlkit.items.Table):
+        added.trivia.indent = siblings[-1].trivia.indent  # the file's own indentation
+    container.value.body.extend(tail)
+
+
 def _add_table(container: Any, key: str, table: Any) -> None:
-    tail = _trailing_trivia(container) if isinstance(container, tomlkit.items.Table) else []
-    if tail and not getattr(container, "is_super_table", lambda: False)():
-        trivia = getattr(container, "trivia", None)
-        if trivia is not None and trivia.indent:
-            table.indent(len(trivia.indent) + 2)
-    container[key] = table
-    if tail:
-        body = container.value.body
-        body.extend(tail)
+    _put(container, key, table)
 
 
 def _set_slot(
@@ -351,7 +358,7 @@ def _set_slot(
         inherited.setdefault("runtime_type", NEW_HANDLER_TYPE)
         options = inherited.pop("options", None)
         for key, item in inherited.items():
-            body[key] = item
+            _put(body, key, item)
         if isinstance(options, Mapping):
             table = tomlkit.table()
             for key, item in options.items():
@@ -359,7 +366,7 @@ def _set_slot(
             _add_table(body, "options", table)
     for key in slot[:-1]:
         body = _ensure(body, key, super_table=False)
-    body[slot[-1]] = value
+    _put(body, slot[-1], value)
 
 
 def _new_document(version: int) -> tomlkit.TOMLDocument:
