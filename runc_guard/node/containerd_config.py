@@ -607,7 +607,11 @@ def plan_fronting(
         LeftAlone(name, h.runtime_type, why_left(h) if not h.frontable else "not asked for (--runtime)")
         for name, h in sorted(handlers.items()) if name not in names
     )
-    plan = Plan(version, edits, tuple(fronted), new_mappings, left, eff.default)
+    notes: tuple[str, ...] = ()
+    if version == 1 and any(h.legacy for h in handlers.values()):
+        notes = ("a version 1 file: containerd 2.x ignores its legacy default_runtime (2.2 its "
+                 "whole containerd table); on containerd 2 run `containerd config migrate` first",)
+    plan = Plan(version, edits, tuple(fronted), new_mappings, left, eff.default, notes)
     _check(files, plan, default_version)
     return plan
 
