@@ -49,6 +49,11 @@ class Node:
         os.makedirs(self.bindir)
         shutil.copy2(shim, self.binary)
 
+    def settings_dir_file(self) -> str:
+        """The settings path, its directory created (as the package does)."""
+        os.makedirs(os.path.dirname(self.settings), exist_ok=True)
+        return self.settings
+
     def write_config(self, text: str, mode: int = 0o644) -> bytes:
         with open(self.config, "w") as f:
             f.write(text)
@@ -274,3 +279,17 @@ def test_installed_tool_round_trip(node: Node, default_config: str) -> None:
     assert binary_names(node.read())["runc"] == node.binary
     subprocess.run([*base, "--revert"], check=True, capture_output=True, timeout=60)
     assert node.read() == original
+
+
+def test_revert_leaves_no_backup_of_config_or_settings(node: Node) -> None:
+    """Backups configure made of the config and of an existing settings file go with --revert."""
+    with open(node.settings_dir_file(), "w") as f:
+        f.write("delete_timeout = 3.0\n")
+    original = node.write_config(NVIDIA.format(nvidia="/usr/bin/nvidia-container-runtime"))
+    node.run()
+    backups = [p for p in node.listing() if p.endswith(".bak")]
+    assert len(backups) == 2, backups
+    node.run("--revert")
+    assert [p for p in node.listing() if p.endswith(".bak")] == []
+    assert node.read() == original
+    assert node.read(node.settings) == b"delete_timeout = 3.0\n"

@@ -243,8 +243,9 @@ def test_requested_handler_is_created_and_others_left_alone() -> None:
     """--runtime names exactly the handlers to front; a missing one is created."""
     after, plan = one(NVIDIA_V2, requested=["runc-guard"])
     shown = runtimes(after)
-    assert shown["runc-guard"] == {
-        "runtime_type": "io.containerd.runc.v2", "options": {"BinaryName": GUARD},
+    assert shown["runc-guard"] == {  # a copy of the default handler (nvidia): its driver too
+        "runtime_type": "io.containerd.runc.v2",
+        "options": {"SystemdCgroup": True, "BinaryName": GUARD},
     }
     assert shown["nvidia"]["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
     assert "BinaryName" not in shown["runc"]["options"]

@@ -36,6 +36,7 @@ from typing import Any
 import click
 
 from runc_guard.atomic import write_atomic
+from runc_guard.node import k3s
 from runc_guard.node.containerd_config import (
     ConfigFile,
     ContainerdConfigError,
@@ -183,6 +184,7 @@ class Change:
     settings_before: str | None
     settings_after: str | None
     links: dict[str, str]  # host path of link -> target it must point to
+    generated: k3s.Generated | None = None
 
     @property
     def settings_changed(self) -> bool:
@@ -200,7 +202,11 @@ def compute_change(
     files = config_set(host, main)
     settings_before = _decode(host.read(settings_path), settings_path)
     known = runtime_mappings(settings_before, settings_path)
-    plan = plan_fronting(files, binary, runtimes or None, default_version, known)
+    generated = detect_generated(host, main, files[0].text)
+    if generated is not None:
+        plan = k3s.plan_generated(generated, files, binary, runtimes or None, known)
+    else:
+        plan = plan_fronting(files, binary, runtimes or None, default_version, known)
     settings_after = (
         with_runtime_mappings(settings_before, plan.mappings, settings_path)
         if plan.mappings else None
@@ -212,7 +218,16 @@ def compute_change(
         target = os.path.basename(binary)
         if not (os.path.islink(local) and os.readlink(local) == target):
             links[link] = target
-    return Change(plan, settings_path, settings_before, settings_after, links)
+    return Change(plan, settings_path, settings_before, settings_after, links, generated)
+
+
+def detect_generated(host: Host, main: str, text: str | None) -> k3s.Generated | None:
+    """k3s/RKE2's generated config (header, or a template next to it), else None."""
+    templates = {}
+    for version in (3, 2):
+        path = k3s.template_path(main, version)
+        templates[path] = _decode(host.read(path), path)
+    return k3s.detect(main, text, templates)
 
 
 def _record_original(host: Host, state: dict[str, Any], path: str) -> None:
@@ -228,12 +243,27 @@ def _record_original(host: Host, state: dict[str, Any], path: str) -> None:
     files[path] = {"existed": existed, "original": original, "written_sha256": None}
 
 
+def _make_dirs(host: Host, state: dict[str, Any], directory: str) -> None:
+    """Create a drop-in directory (and parents), recording each one for --revert."""
+    missing = []
+    while not os.path.isdir(host.path(directory)):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    for path in reversed(missing):
+        os.mkdir(host.path(path), 0o755)
+        state.setdefault("dirs", []).append(path)
+
+
 def _write(host: Host, state: dict[str, Any], path: str, text: str) -> str | None:
+    _make_dirs(host, state, os.path.dirname(path))
     _record_original(host, state, path)
     local = host.path(path)
     backup = _backup(local)
+    if backup is not None:
+        state.setdefault("backups", []).append(
+            os.path.join(os.path.dirname(path), os.path.basename(backup)))
     data = text.encode("utf-8")
-    write_atomic(local, data, like=local)
+    write_atomic(local, data, like=local if os.path.exists(local) else None)
     state["files"][path]["written_sha256"] = _sha256(data)
     return backup
 
@@ -295,11 +325,9 @@ def revert(host: Host, main: str, force: bool) -> list[str]:
             text = _decode(current, path) or ""
             after = without_runtime_mappings(text, state.get("mappings", {}), path)
             if after != text:
-                _backup(local)
                 write_atomic(local, after.encode(), like=local)
             done.append(f"removed runc-guard's [runtimes] entries from {path} (edited since)")
             continue
-        _backup(local)
         if rec.get("existed"):
             original = host.path(rec["original"])
             with open(original, "rb") as f:
@@ -316,6 +344,13 @@ def revert(host: Host, main: str, force: bool) -> list[str]:
         if os.path.islink(local):
             os.unlink(local)
             done.append(f"removed link {link}")
+    for backup in state.get("backups", []):  # the originals are restored: copies are noise
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(host.path(backup))
+    for directory in reversed(state.get("dirs", [])):
+        with contextlib.suppress(OSError):  # kept if something else put files there since
+            os.rmdir(host.path(directory))
+            done.append(f"removed directory {directory}")
     os.unlink(host.path(_state_path(main)))
     return done
 
@@ -329,14 +364,21 @@ def _restart(command: str) -> None:
 
 
 def _describe(plan: Plan) -> list[str]:
+    """One line per handler: routed, already routed, or left alone and why."""
     lines = []
     for f in plan.fronted:
         runs = f.runtime or "its `runtime` setting (default runc)"
-        verb = "added" if f.created else ("set" if f.changed else "already")
+        verb = "already routed" if not f.changed else ("routed (handler added)" if f.created
+                                                       else "routed")
+        what = "legacy " + f.legacy + ", " if f.legacy else ""
         lines.append(
-            f"handler {f.handler}: {verb} BinaryName = {f.binary_name} "
+            f"handler {f.handler}: {verb}: {what}{'.'.join(f.slot)} = {f.binary_name} "
             f"(was {f.previous or 'unset: runc'}; runc-guard runs {runs}) in {f.file}"
         )
+    for left in plan.left:
+        lines.append(f"handler {left.handler}: left alone: {left.reason}")
+    lines.append(f"pods without a RuntimeClass run handler {plan.default_handler}")
+    lines.extend(plan.notes)
     return lines
 
 
@@ -354,8 +396,9 @@ def configure() -> None:
 @click.option("--force", is_flag=True,
               help="With --revert: restore even files edited since configure.")
 @click.option("--runtime", "runtimes", multiple=True, metavar="NAME",
-              help="Handler to front (repeatable). Default: runc, plus every runc-shim "
-                   "handler whose BinaryName names another runtime (e.g. nvidia).")
+              help="Handler to front (repeatable). Default: runc plus every handler that "
+                   "runs a runc-compatible binary (runc shim v1/v2, legacy v1 runtime), "
+                   "whatever its BinaryName; other handlers are listed and left alone.")
 @click.option("--binary", default=None, metavar="PATH",
               help="runc-guard as the host sees it. Default: the one next to this tool.")
 @click.option("--settings", "settings_path", default=None, metavar="PATH",
@@ -367,16 +410,20 @@ def configure() -> None:
 @click.option("--host-root", default="/", show_default=True, metavar="DIR",
               help="Where the host's / is mounted (DaemonSet installer).")
 @click.option("--restart", is_flag=True, help="Restart containerd if the config changed.")
-@click.option("--restart-command", default=DEFAULT_RESTART, show_default=True)
+@click.option("--restart-command", default=None, metavar="CMD",
+              help=f"Default: {DEFAULT_RESTART!r}; on k3s/RKE2 their own unit "
+                   "(k3s, k3s-agent, rke2-server or rke2-agent).")
 def containerd(
     *, config: str, dry_run: bool, do_revert: bool, force: bool, runtimes: tuple[str, ...],
     binary: str | None, settings_path: str | None, config_version: str, host_root: str,
-    restart: bool, restart_command: str,
+    restart: bool, restart_command: str | None,
 ) -> None:
     """Set options.BinaryName of containerd's runc handlers to runc-guard.
 
-    Handles config version 2 (containerd 1.6/1.7) and 3 (2.x), a missing or empty
-    file and imports. A handler that already ran another runtime (e.g.
+    Handles config version 1-3 (containerd 1.6/1.7 and 2.x), a missing or empty
+    file, imports, legacy default_runtime tables, and k3s/RKE2's generated config
+    (the change goes to their drop-in directory or template, never the generated
+    file). A handler that already ran another runtime (e.g.
     nvidia-container-runtime) gets a per-handler link runc-guard-<handler> and a
     [runtimes] entry, so runc-guard runs that runtime for it. Idempotent; keeps a
     timestamped backup; never restarts containerd unless --restart is given.
@@ -389,9 +436,11 @@ def containerd(
             click.echo(json.dumps(state, indent=2) if state else "nothing to revert")
             return
         had_record = load_state(host, config) is not None
+        generated = detect_generated(host, config, _decode(host.read(config), config))
         for line in revert(host, config, force):
             click.echo(line)
-        _report_restart(restart, restart_command, changed=had_record)
+        command = restart_command or restart_for(host, generated, restart)
+        _report_restart(restart, command, changed=had_record)
         return
     binary = binary or installed_shim()
     settings_path = settings_path or config_path(os.environ)
@@ -417,9 +466,26 @@ def containerd(
     if not change.anything:
         click.echo("containerd is already configured: nothing written, no restart needed")
         return
+    command = restart_command or restart_for(host, change.generated, restart)
     for line in apply_change(host, config, change):
         click.echo(line)
-    _report_restart(restart, restart_command, changed=change.plan.changed)
+    _report_restart(restart, command, changed=change.plan.changed)
+
+
+def restart_for(host: Host, generated: k3s.Generated | None, restart: bool) -> str:
+    """containerd's restart command: k3s and RKE2 run it inside their own unit."""
+    if generated is None:
+        return DEFAULT_RESTART
+    units = k3s.unit_files(lambda p: os.path.exists(host.path(p)), generated.program)
+    if len(units) == 1:
+        return f"systemctl restart {units[0]}"
+    if restart:
+        raise ContainerdConfigError(
+            f"{generated.program} embeds containerd: restart its unit, but found "
+            f"{'both ' + ' and '.join(units) if units else 'none of ' + ', '.join(generated.units)}"
+            ": name it with --restart-command"
+        )
+    return " or ".join(f"systemctl restart {u}" for u in (units or generated.units))
 
 
 def _report_restart(restart: bool, command: str, changed: bool) -> None:

@@ -1,4 +1,8 @@
-"""``runc-guardctl doctor``: which runtime would run, with which settings, and is it healthy."""
+"""``runc-guardctl doctor``: which runtime would run, with which settings, and is it healthy.
+
+Per containerd handler (``handler_routes``): what a pod without a RuntimeClass and a
+pod of each handler will run, so one command shows whether runc-guard is in front.
+"""
 
 from __future__ import annotations
 
@@ -65,6 +69,66 @@ def cgroup_driver_report(containerd_config: str, runtime_root: str) -> tuple[dic
     return report, problems
 
 
+def handler_routes(containerd_config: str, invoked_shim: str) -> tuple[dict[str, Any], list[str]]:
+    """Per CRI handler of the effective config (imports merged): what containerd will run.
+
+    For a pod without a RuntimeClass (the default handler, a legacy
+    ``default_runtime`` included) and for each handler: the shim type, the binary
+    the shim starts and, when that is runc-guard, the runtime runc-guard runs
+    behind it. The second value lists handlers that run a runc-compatible binary
+    without runc-guard in front (warnings, not problems: fronting is opt-in).
+    """
+    from runc_guard.cli.configure import Host, config_set
+    from runc_guard.node import containerd_config as cc
+
+    files = config_set(Host("/"), containerd_config)
+    handlers, default = cc.effective_handlers(files)
+    settings = load(os.environ)
+    routes: dict[str, Any] = {}
+    unguarded = []
+    for name, h in sorted(handlers.items()):
+        route: dict[str, Any] = {"runtime_type": h.runtime_type, "file": h.file or "(built in)"}
+        if h.legacy:
+            route["legacy_table"] = h.legacy
+        if h.frontable:
+            route["shim_runs"] = h.runs
+            if cc.is_runc_guard(h.runs, invoked_shim):
+                invoked = os.path.basename(h.runs)
+                try:
+                    route["runc_guard_runs"] = resolve_runtime(
+                        settings.runtime_for(invoked), invoked_shim, os.environ)
+                except (RuncGuardError, OSError, ValueError) as exc:
+                    route["runc_guard_runs"] = f"(cannot resolve: {exc})"
+            else:
+                unguarded.append(name)
+        else:
+            route["shim_runs"] = None
+        routes[name] = route
+    report = {"config": containerd_config, "default_handler": default, "handlers": routes}
+    warnings = [f"handler {name} runs {handlers[name].runs} without runc-guard in front "
+                "(runc-guardctl configure containerd)" for name in unguarded]
+    if default not in handlers:
+        warnings.append(f"the default handler {default!r} is not defined: pods without a "
+                        "RuntimeClass fail to start")
+    return report, warnings
+
+
+def route_lines(report: dict[str, Any]) -> list[str]:
+    """The handler section of doctor's text output."""
+    lines = [f"containerd:     {report['config']}; pods without a RuntimeClass run handler "
+             f"{report['default_handler']}"]
+    for name, route in report["handlers"].items():
+        legacy = f" (legacy {route['legacy_table']})" if "legacy_table" in route else ""
+        if route["shim_runs"] is None:
+            chain = "not a runc shim: left to its own runtime"
+        elif "runc_guard_runs" in route:
+            chain = f"{route['shim_runs']} -> {route['runc_guard_runs']}"
+        else:
+            chain = f"{route['shim_runs']} (no runc-guard)"
+        lines.append(f"  handler {name}{legacy}: {route['runtime_type'] or '-'}: {chain}")
+    return lines
+
+
 def diagnose(
     invoked_as: str,
     containerd_config: str = DEFAULT_CONTAINERD_CONFIG,
@@ -99,6 +163,12 @@ def diagnose(
         problems.append("no cgroup filesystem is mounted")
     if settings is not None:
         report["journald"] = os.path.exists(settings.journal_socket)
+    try:
+        routes, warnings = handler_routes(containerd_config, installed_shim())
+        report["containerd_routes"] = routes
+        report["warnings"] = warnings
+    except (RuncGuardError, OSError, ValueError) as exc:
+        problems.append(f"cannot read containerd's config {containerd_config}: {exc}")
     driver, driver_problems = cgroup_driver_report(containerd_config, runtime_root)
     report["cgroup_driver"] = driver
     problems.extend(driver_problems)
@@ -149,6 +219,11 @@ def doctor(invoked_as: str, containerd_config: str, runtime_root: str, fmt: str)
         click.echo(f"systemd PID 1:  {'yes' if driver['systemd_pid1'] else 'no'}")
         for mount, fstype in sorted(report["cgroup_mounts"].items()):
             click.echo(f"cgroup mount:   {mount} ({fstype})")
+        if "containerd_routes" in report:
+            for line in route_lines(report["containerd_routes"]):
+                click.echo(line)
+        for warning in report.get("warnings", []):
+            click.echo(f"WARNING: {warning}")
         for problem in problems:
             click.echo(f"PROBLEM: {problem}")
     if problems:
