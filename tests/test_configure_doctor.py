@@ -52,3 +52,20 @@ def test_doctor_names_the_legacy_default(name: str, tmp_path: Any, shim_binary: 
     tree.run()
     routes = doctor(tree.config, tree.settings)["containerd_routes"]
     assert routes["handlers"]["default"]["shim_runs"] == tree.binary
+
+
+def test_doctor_names_a_handler_whose_link_lost_its_mapping(tmp_path: Any, shim_binary: str) -> None:
+    """After configure, the settings file goes (an operator's cleanup, a config management run): each
+    handler behind a runc-guard-<handler> link now fails with 78 instead of reaching plain runc, and
+    doctor says so as a problem naming the handler."""
+    tree = Tree("eks-nvidia-v2", str(tmp_path / "root"), shim_binary)
+    tree.run()
+    with open(tree.settings) as f:
+        assert "runc-guard-nvidia" in f.read()
+    os.unlink(tree.settings)
+    report = doctor(tree.config, tree.settings)
+    unmapped = {n: r for n, r in report["containerd_routes"]["handlers"].items() if "unmapped" in r}
+    assert unmapped, report["containerd_routes"]
+    for name, route in unmapped.items():
+        assert "exit 78" in route["runc_guard_runs"]
+        assert any(p.startswith(f"handler {name}: invoked as") for p in report["problems"])

@@ -94,6 +94,12 @@ def handler_routes(containerd_config: str, invoked_shim: str) -> tuple[dict[str,
             route["shim_runs"] = h.runs
             if cc.is_runc_guard(h.runs, invoked_shim):
                 invoked = os.path.basename(h.runs)
+                unmapped = unmapped_problem(settings, invoked)
+                if unmapped is not None:  # the shim fails such calls with 78: pods there cannot start
+                    route["runc_guard_runs"] = "(none: unmapped, calls fail with exit 78)"
+                    route["unmapped"] = unmapped
+                    routes[name] = route
+                    continue
                 try:
                     route["runc_guard_runs"] = resolve_runtime(
                         settings.runtime_for(invoked), invoked_shim, os.environ)
@@ -167,6 +173,11 @@ def diagnose(
         routes, warnings = handler_routes(containerd_config, installed_shim())
         report["containerd_routes"] = routes
         report["warnings"] = warnings
+        problems.extend(
+            f"handler {name}: {route['unmapped']}"
+            for name, route in routes["handlers"].items()
+            if "unmapped" in route
+        )
     except (RuncGuardError, OSError, ValueError) as exc:
         problems.append(f"cannot read containerd's config {containerd_config}: {exc}")
     driver, driver_problems = cgroup_driver_report(containerd_config, runtime_root)
