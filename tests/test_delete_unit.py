@@ -953,3 +953,48 @@ def test_entries_never_wait_on_journald_when_the_spool_is_unwritable(lab: Lab, t
     deliver(log, lost_log, os.path.join(blocker, "spool"))
     with open(os.path.join(settings.cache_dir, LOST_ENTRIES)) as f:
         assert len(f.read()) == 1
+
+
+def _systemd_container(lab: Lab, cid: str) -> list[str]:
+    """A container whose state says runc's systemd driver made its cgroups (cri-containerd-<id>.scope)."""
+    dirs = lab.container(cid, relative=f"/rgt/cri-containerd-{cid}.scope")
+    state_file = os.path.join(lab.root, cid, "state.json")
+    with open(state_file) as f:
+        doc = json.load(f)
+    doc["config"]["cgroups"].update(name=cid, scope_prefix="cri-containerd", parent="rgt.slice", Systemd=True)
+    with open(state_file, "w") as f:
+        json.dump(doc, f)
+    return dirs
+
+
+@pytest.mark.parametrize("loaded", [False, True])
+def test_systemd_is_asked_only_while_it_holds_the_scope(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, loaded: bool
+) -> None:
+    """systemd driver: when the scope's transient unit file is gone, systemd has freed the unit and a
+    clean delete neither loads systemd_scope (json, re, subprocess) nor runs systemctl; while the file
+    is there, systemd is asked (here it is not PID 1: no_systemd)."""
+    import sys
+
+    from runc_guard.delete import unit_name
+
+    transient = os.path.join(str(tmp_path), "transient")
+    os.makedirs(transient)
+    monkeypatch.setattr(unit_name, "TRANSIENT_DIR", transient)
+    if loaded:
+        open(os.path.join(transient, "cri-containerd-c1.scope"), "w").close()
+    else:
+        monkeypatch.setitem(sys.modules, "runc_guard.delete.systemd_scope", None)  # importing it fails
+    dirs = _systemd_container(lab, "c1")
+    args = lab.invocation_args("c1")
+    # systemd_scope's calls count on time.monotonic, not on the lab's fake clock
+    run = DeleteRun(
+        parse(args), args, lab.runtime(0), lab.settings, fs=lab.fs, mounts=mounts, clock=time.monotonic
+    )
+    assert run.run() == 0
+    lab.report(run.log.entries, lab.settings)
+    assert not any(lab.fs.exists(d) for d in dirs)
+    entry = lab.entry()
+    assert entry["outcome"] == "removed" and entry["systemd_unit"] == "cri-containerd-c1.scope"
+    expected = "no_systemd" if loaded else "not_loaded"
+    assert entry["systemd_scope"]["outcome"] == entry["systemd_scope_after"]["outcome"] == expected

@@ -62,6 +62,7 @@ from runc_guard.delete.state import (
     read_state,
     runtime_state_exists,
 )
+from runc_guard.delete.unit_name import scope_unit_name, transient_unit_loaded
 from runc_guard.errors import (
     EXIT_CGROUP_BUSY,
     EXIT_INTERNAL,
@@ -437,8 +438,6 @@ class DeleteRun:
         """
         if not state.systemd:
             return None
-        from runc_guard.delete.systemd_scope import scope_unit_name
-
         unit = scope_unit_name(state.systemd_name, state.scope_prefix)
         if unit is not None:
             self.canonical["systemd_unit"] = unit
@@ -452,6 +451,13 @@ class DeleteRun:
         is waited for within our deadline. Still busy at the deadline: exit 75 with
         the record kept, before containerd's kill; no systemd to ask: nothing changes.
         """
+        if transient_unit_loaded(unit) is False:
+            # systemd has already freed the unit (the runtime's stop, or its own collection of an
+            # empty scope): nothing to stop or reset, and no need to load systemd_scope or run systemctl.
+            self.canonical[key] = {
+                "unit": unit, "outcome": "not_loaded", "waited_ms": 0, "detail": "no transient unit file"
+            }
+            return
         from runc_guard.delete.systemd_scope import STILL_BUSY, settle
 
         def empty() -> bool:

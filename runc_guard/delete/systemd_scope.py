@@ -36,19 +36,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from runc_guard.delete.unit_name import scope_unit_name, valid_unit_name
+
 #: sd_booted(3): the directory systemd creates at boot; absent means no systemd is PID 1.
 SYSTEMD_RUNTIME_DIR = "/run/systemd/system"
 #: Where systemd's cgroups are mounted; ControlGroup paths are relative to each hierarchy here.
 SYSTEM_CGROUP_ROOT = "/sys/fs/cgroup"
-#: A unit name is at most 255 bytes (UNIT_NAME_MAX) of these characters (unit-name.c).
-_UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\@-]{1,249}\.(?:scope|slice)$")
 #: One systemctl call never gets more than this, whatever the caller's deadline.
 CALL_CAP_S = 5.0
 #: State.json is small; a file past this is not runc's.
@@ -116,18 +115,6 @@ class ScopeResult:
 
 
 # -- pure: naming -------------------------------------------------------------------
-
-
-def valid_unit_name(unit: str) -> bool:
-    return bool(_UNIT_NAME.match(unit)) and ".." not in unit and "/" not in unit
-
-
-def scope_unit_name(name: str, scope_prefix: str) -> str | None:
-    """runc's unit name for cgroup ``name`` (``getUnitName``); None for a slice or a bad name."""
-    if not name or name.endswith(".slice"):
-        return None
-    unit = f"{scope_prefix}-{name}.scope" if scope_prefix else f"{name}.scope"
-    return unit if valid_unit_name(unit) else None
 
 
 def scope_from_state(doc: Mapping[str, object]) -> ScopeRef | None:
