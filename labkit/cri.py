@@ -719,16 +719,12 @@ VERSIONS = (cl.CONTAINERD_16, cl.CONTAINERD_22)
 
 @contextlib.contextmanager
 def lab_for(version: str, factory: Any, **overrides: str) -> Iterator[CriLab]:
-    """A CRI lab for ``version`` (skipping, naming the setting, when binaries are absent)."""
-    import pytest
-
-    from labkit import runtimes
+    """A CRI lab for ``version``; absent binaries fail under CI, skip elsewhere (labkit.prereq)."""
+    from labkit import prereq, runtimes
 
     build = cl.require_build(version)
     crictl = runtimes.require(runtimes.CRICTL)
-    reason = missing_prerequisites(build)
-    if reason is not None:
-        pytest.skip(reason)
+    prereq.require_none(missing_prerequisites(build))
     with cri_lab_in(factory, f"rgcri{version.replace('.', '')}", build, crictl, **overrides) as lab:
         yield lab
 
@@ -751,7 +747,7 @@ class Labs:
     """One CRI lab per containerd version, started on first use, all stopped by ``close``.
 
     A module-scoped fixture holds one: tests parametrized by version share it, and
-    a version whose binaries are absent skips only its own tests.
+    a version whose binaries are absent stops only its own tests (labkit.prereq).
     """
 
     def __init__(self, factory: Any, **overrides: str) -> None:
@@ -953,7 +949,8 @@ def cell_params(gaps: dict[tuple[str, str], str]) -> list[Any]:
     """pytest params (version, PID mode) for every cell; ``gaps`` marks known failures xfail.
 
     ``gaps`` maps (version, mode) to the observed reason: the cell still runs and
-    keeps its assertions (xfail, not strict, so a fix shows up as XPASS).
+    keeps its assertions. Strict: a cell that starts passing fails the run until its
+    gap is removed, so a gap can neither hide a regression nor outlive its fix.
     """
     import pytest
 
@@ -961,7 +958,7 @@ def cell_params(gaps: dict[tuple[str, str], str]) -> list[Any]:
     for version in VERSIONS:
         for mode in PID_MODES:
             gap = gaps.get((version, mode))
-            marks = [pytest.mark.xfail(reason=gap, strict=False)] if gap else []
+            marks = [pytest.mark.xfail(reason=gap, strict=True)] if gap else []
             params.append(pytest.param(version, mode, marks=marks, id=f"{version}-{mode}"))
     return params
 
