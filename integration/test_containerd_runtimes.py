@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from labkit import containerd as cl
+from labkit import prereq
 
 pytestmark = pytest.mark.kernel
 
@@ -71,8 +72,7 @@ def legacy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cl.GuardedLab]:
     """containerd with only the v1 hierarchies: crun 1.8 refuses this host's hybrid layout
     ("cgroups in hybrid mode not supported, drop all controllers from cgroupv2": the
     v2 tree has hugetlb) and fails under pure v2 here (setrlimit RLIMIT_MEMLOCK: EPERM)."""
-    if not shutil.which("crun"):
-        pytest.skip("crun is not installed (make deps installs it)")
+    prereq.require(shutil.which("crun"), "crun (make deps installs it)")
     with cl.guarded_containerd_in(tmp_path_factory, "rgctd-legacy", cl.LEGACY) as lab:
         yield lab
 

@@ -12,7 +12,7 @@ import tomlkit
 
 from labkit import containerd as cl
 from labkit import cri as cr
-from labkit import runtimes
+from labkit import prereq, runtimes
 
 PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 
@@ -34,8 +34,7 @@ def test_configure_adds_one_handler_and_reverts_byte_for_byte(version: str, tmp_
     """configure adds exactly the runc-guard handler (nothing else changes), containerd reads
     both handlers back with their BinaryName, a re-run is a no-op, --revert restores the bytes."""
     build = cl.require_build(version)
-    if not os.path.exists(cr.guardctl_binary()):
-        pytest.skip(f"{cr.guardctl_binary()} is missing (make venv)")
+    prereq.require(os.path.exists(cr.guardctl_binary()), f"{cr.guardctl_binary()} (make venv)")
     workdir = str(tmp_path)
     config = cr.cri_config(workdir, build, build.runc)
     with open(config, "rb") as f:

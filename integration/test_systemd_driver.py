@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from integration.conftest import SUMMARY_KEY
-from labkit import runtimes
+from labkit import prereq, runtimes
 from labkit import systemd as sl
 from labkit.kernel import unique, wait_for
 from runc_guard.delete import systemd_scope
@@ -32,9 +32,7 @@ V1_CONTROLLERS = ["blkio", "cpu", "cpuacct", "cpuset", "devices", "freezer", "me
 @pytest.fixture(scope="module")
 def machine(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[sl.Machine]:
     """The booted lab machine (built once per cache key, booted once here, always stopped)."""
-    reason = sl.missing()
-    if reason is not None:
-        pytest.skip(reason)
+    prereq.require_none(sl.missing())
     image = sl.ensure_image()
     base = str(tmp_path_factory.mktemp("rgsd"))
     with sl.booted_machine(base, image) as m:
