@@ -14,7 +14,7 @@ from functools import cache
 import pytest
 
 from labkit import containerd as cl
-from labkit import prereq
+from labkit import figures, prereq
 from labkit.journald import Journald, private_journald
 from labkit.journald import available as journald_available
 from labkit.kernel import FREEZER
@@ -68,24 +68,10 @@ def pytest_testnodedown(node: object, error: object) -> None:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     lines = config.stash.get(SUMMARY_KEY, [])
     if lines:
-        terminalreporter.section("runc-guard containerd storm")
+        terminalreporter.section("runc-guard integration summary (storm, CRI, systemd lab)")
         for line in lines:
             terminalreporter.write_line(line)
-    # Figures recorded with record_property("figure", ...): they travel with the test
-    # reports, so they reach this summary from pytest-xdist workers too. The teardown
-    # report carries every property of the test (also a failed test's, recorded before
-    # the failing assertion), once.
-    figures = sorted(
-        str(value)
-        for reports in terminalreporter.stats.values()
-        for report in reports
-        for key, value in getattr(report, "user_properties", ())
-        if key == "figure" and getattr(report, "when", None) == "teardown"
-    )
-    if figures:
-        terminalreporter.section("runc-guard figures (stock vs runc-guard)")
-        for line in figures:
-            terminalreporter.write_line(line)
+    figures.terminal_summary(terminalreporter, config)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from labkit import prereq
+from labkit import figures, prereq
 from labkit.kernel import wait_reported
 from tests.fakes import FakeCgroupFs, FakeClock
 
@@ -26,6 +26,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     """Kernel tests need root, cgroups and runc: without them, fail under CI, skip elsewhere."""
     if "kernel" in item.keywords:
         prereq.require_none(_kernel_tests_missing())
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Figures recorded with record_property("figure", ...), from xdist workers too."""
+    figures.terminal_summary(terminalreporter, config)
 
 
 @pytest.fixture
