@@ -36,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -442,6 +442,29 @@ def elapsed(start: float) -> float:
     return round(time.monotonic() - start, 3)
 
 
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def timed_release(cell: Cell, hold: FreezerHold, start: float) -> Callable[[], None]:
+    """``hold.release`` that first notes when, and how many held children were still alive.
+
+    The proof that a teardown was slow: the held children lived until ``released_s``
+    (``held_at_release`` > 0), whatever the runtime under test did meanwhile.
+    """
+
+    def release() -> None:
+        cell.held_at_release = sum(_running(p) for p in hold.pids)
+        cell.timings["released_s"] = elapsed(start)
+        hold.release()
+
+    return release
+
+
 class ExitWatch:
     """Polls a container's CRI state in a thread: when did it first read EXITED?"""
 
@@ -491,6 +514,7 @@ class Cell:
     pending: list[str] = field(default_factory=list)  # runc-guard records left for these ids
     after_removal: dict[str, Any] = field(default_factory=dict)  # after kubelet's rm -f, stopp, rmp
     alive: int = 0  # the container's processes still alive when measured
+    held_at_release: int = 0  # held children still alive when the hold was released
     after_sweep: dict[str, Any] = field(default_factory=dict)  # after runc-guardctl sweep
     log_lines: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -504,7 +528,8 @@ class Cell:
         return (
             f"{self.scenario:9} pid={self.pid_mode:9} {self.handler:10} dirs={len(self.left)}"
             f"+{len(self.sandbox_left)} state={int(self.runtime_state)}"
-            f"+{int(self.sandbox_runtime_state)} records={len(self.pending)} alive={self.alive} {t}"
+            f"+{int(self.sandbox_runtime_state)} records={len(self.pending)} alive={self.alive}"
+            f" held-at-release={self.held_at_release} {t}"
             + (f" after-rm={self.after_removal}" if self.after_removal else "")
             + (f" after-sweep={self.after_sweep}" if self.after_sweep else "")
         )
@@ -542,9 +567,10 @@ def kubelet_removal(lab: CriLab, cell: Cell, ctr: Container, pod: Pod, budget: f
     while True:
         attempts += 1
         p = lab.crictl("rm", "-f", ctr.id, check=False)
+        if p.returncode != 0:  # every failed attempt is kept, the last one too
+            cell.notes.append(f"rm -f attempt {attempts} at {elapsed(start)} s: {p.stderr.strip()[-200:]}")
         if p.returncode == 0 or time.monotonic() - start > budget:
             break
-        cell.notes.append(f"rm -f attempt {attempts}: {p.stderr.strip()[-200:]}")
         time.sleep(1.0)
     cell.timings["rm_f_s"] = elapsed(start)
     cell.timings["rm_f_attempts"] = attempts
@@ -677,10 +703,10 @@ def path_a(lab: CriLab, handler: str, pid_mode: str, release_after: float, scena
         cell.container_id, cell.sandbox_id = ctr.id, pod.id
         init = lab.init_pid(ctr.id)
         hold = hold_children(ctr, init)
-        timer = threading.Timer(release_after, hold.release)
+        start = time.monotonic()
+        timer = threading.Timer(release_after, timed_release(cell, hold, start))
         watch: ExitWatch | None = None
         try:
-            start = time.monotonic()
             watch = ExitWatch(lab, ctr.id, start)
             timer.start()
             stop = lab.crictl("stop", "-t", "0", ctr.id, check=False)
@@ -920,9 +946,9 @@ def rm_retry(lab: CriLab, handler: str, pid_mode: str, release_after: float, bud
         ctr = lab.start_sleepers(pod)
         cell.container_id, cell.sandbox_id = ctr.id, pod.id
         hold = hold_children(ctr, lab.init_pid(ctr.id))
-        timer = threading.Timer(release_after, hold.release)
+        start = time.monotonic()
+        timer = threading.Timer(release_after, timed_release(cell, hold, start))
         try:
-            start = time.monotonic()
             timer.start()
             attempts = 0
             while True:
