@@ -28,6 +28,12 @@ DEADLINE_RELEASE = 2.5 + DEFAULT_DELETE_TIMEOUT + 1.5
 STOCK_LEAKS = {(cl.CONTAINERD_16, "node"), (cl.CONTAINERD_16, "pod")}
 #: The same for the deadline's ~8 s teardown (its own table: measured, not inherited).
 DEADLINE_STOCK_LEAKS = {(cl.CONTAINERD_16, "node"), (cl.CONTAINERD_16, "pod")}
+#: Where the CRI's delete reaches the runtime while the children still live, so runc-guard's
+#: deadline can happen at all (measured 2026-12: exactly the cells where stock leaks).
+#: Elsewhere containerd reports the exit, and deletes, only once every process is gone
+#: (containerd 2.2's shim; an own PID namespace, whose init exits last): stop_s ~8.1 s,
+#: after the release, and the delete meets empty cgroups. Those cells assert that reason.
+DEADLINE_REACHED = {(cl.CONTAINERD_16, "node"), (cl.CONTAINERD_16, "pod")}
 #: What fails today (observed): nothing at the moment.
 KNOWN_GAPS: dict[tuple[str, str], str] = {}
 
@@ -59,8 +65,9 @@ def test_path_a(labs: cr.Labs, version: str, mode: str, summary: list[str]) -> N
 
 @pytest.mark.parametrize(("version", "mode"), cr.cell_params(KNOWN_GAPS))
 def test_deadline(labs: cr.Labs, version: str, mode: str, summary: list[str]) -> None:
-    """Teardown longer than delete_timeout: runc-guard gives up in time (exit 75, record
-    kept), and the CRI's retried delete finishes the job: 0 dirs, 0 state."""
+    """Teardown longer than delete_timeout: where the delete comes while the children live,
+    runc-guard gives up in time (exit 75, record kept) and the CRI's retried delete finishes
+    the job; elsewhere the delete comes after the teardown. Either way 0 dirs, 0 state."""
     lab = labs(version)
     stock, guard = cr.both(cr.path_a, lab, mode, DEADLINE_RELEASE, "deadline")
     summary += [f"cri {version} {stock.summary()}", f"cri {version} {guard.summary()}"]
@@ -72,13 +79,21 @@ def test_deadline(labs: cr.Labs, version: str, mode: str, summary: list[str]) ->
         assert stock.leaked, f"the control did not leak: {stock.summary()} {stock.notes}"
     else:  # the runtime, or containerd's shim, waited for every process: nothing to leak
         assert not stock.leaked, f"the control leaked where it never did: {stock.summary()} {stock.notes}"
-    # The deadline happened: a delete of this container ended at runc-guard's deadline,
-    # exit 75 with its pending record kept (then the CRI's retry finished the job).
     deadlines = [
         e for e in guard.guard_deletes
         if e.get("container_id") == guard.container_id and e.get("outcome") == "deadline"
     ]
-    assert deadlines, f"no deadline outcome: {guard.summary()} {guard.guard_deletes}"
-    assert all(e.get("exit_status") == 75 and e.get("pending_record") for e in deadlines), deadlines
+    outcomes = [(e.get("outcome"), e.get("exit_status")) for e in guard.guard_deletes]
+    if (version, mode) in DEADLINE_REACHED:
+        # The deadline happened: a delete of this container ended at runc-guard's deadline,
+        # exit 75 with its pending record kept (then the CRI's retry finished the job).
+        assert deadlines, f"no deadline outcome: {guard.summary()} {outcomes}"
+        assert all(e.get("exit_status") == 75 and e.get("pending_record") for e in deadlines), deadlines
+    else:
+        # The documented reason no deadline can happen here: the stop (exit handling and
+        # the task's delete) returned only after the children were released.
+        stop_s, released_s = guard.timings["stop_s"] or 0.0, guard.timings["released_s"] or 0.0
+        assert stop_s >= released_s, f"the delete came during the teardown: {guard.summary()} {outcomes}"
+        assert not deadlines, f"{guard.summary()} {outcomes}"
     cr.assert_guard_clean(guard)
     assert guard.pending == [], guard.summary()
