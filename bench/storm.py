@@ -77,7 +77,6 @@ def storm(lab: cl.GuardedLab, ns: str, binary: str, delays: list[float]) -> dict
     tasks = [cl.run_task(ctd, ns, binary, children=3) for _ in delays]
     holds = [FreezerHold.create() for _ in tasks]
     sampler = MemorySampler(cl.guard_binary())
-    before = len(cl.delete_stats(lab.settings))
     try:
         victims = []
         for task, hold in zip(tasks, holds, strict=True):
@@ -99,7 +98,7 @@ def storm(lab: cl.GuardedLab, ns: str, binary: str, delays: list[float]) -> dict
         sampler.stop.set()
         for hold in holds:
             hold.destroy()
-    stats = cl.delete_stats(lab.settings)[before:]
+    stats = cl.delete_stats(lab.settings, {t.id for t in tasks})
     left = {t.id: t.cgroup_dirs() for t in tasks}
     states = [t.id for t in tasks if os.path.exists(ctd.runc_state(ns, t.id))]
     records = [r for r in cl.pending_records(lab.settings) if r.split("@")[0] in left]

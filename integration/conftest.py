@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from functools import cache
 
 import pytest
 
 from labkit import containerd as cl
+from labkit import figures, prereq
 from labkit.journald import Journald, private_journald
 from labkit.journald import available as journald_available
 from labkit.kernel import FREEZER
 
 #: Lines the storm test leaves for the end of the run (the numbers the issue asks for).
 SUMMARY_KEY = pytest.StashKey[list[str]]()
+#: Where a pytest-xdist worker hands its summary lines to the controller (workeroutput).
+_WORKER_SUMMARY = "runc_guard_summary"
 
 
+@cache
 def _missing() -> str | None:
     if os.geteuid() != 0:
         return "the containerd suite needs root"
@@ -34,41 +39,39 @@ def _missing() -> str | None:
     return None
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    reason = _missing()
-    if reason is None:
-        return
-    here = os.path.dirname(__file__)
-    for item in items:
-        if str(item.path).startswith(here) and os.path.basename(str(item.path)).startswith(
-            "test_containerd_"
-        ):
-            item.add_marker(pytest.mark.skip(reason=reason))
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The containerd suite's prerequisites: without them, fail under CI, skip elsewhere."""
+    if os.path.basename(str(item.path)).startswith("test_containerd_"):
+        prereq.require_none(_missing())
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[SUMMARY_KEY] = []
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In a pytest-xdist worker: send the summary lines along with the worker's end of run."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output[_WORKER_SUMMARY] = list(session.config.stash.get(SUMMARY_KEY, []))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """In pytest-xdist's controller: collect a finished worker's summary lines for the terminal."""
+    output = getattr(node, "workeroutput", None) or {}
+    config = getattr(node, "config", None)
+    if config is not None:
+        config.stash.setdefault(SUMMARY_KEY, []).extend(output.get(_WORKER_SUMMARY, []))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     lines = config.stash.get(SUMMARY_KEY, [])
     if lines:
-        terminalreporter.section("runc-guard containerd storm")
+        terminalreporter.section("runc-guard integration summary (storm, CRI, systemd lab)")
         for line in lines:
             terminalreporter.write_line(line)
-    # Figures recorded with record_property("figure", ...): they travel with the test
-    # reports, so they reach this summary from pytest-xdist workers too.
-    figures = sorted(
-        str(value)
-        for reports in terminalreporter.stats.values()
-        for report in reports
-        for key, value in getattr(report, "user_properties", ())
-        if key == "figure" and getattr(report, "when", "call") == "call"
-    )
-    if figures:
-        terminalreporter.section("runc-guard figures (stock vs runc-guard)")
-        for line in figures:
-            terminalreporter.write_line(line)
+    figures.terminal_summary(terminalreporter, config)
 
 
 @pytest.fixture

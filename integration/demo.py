@@ -105,9 +105,8 @@ def run(cycles: int, seed: int) -> int:
               f"2 of 3 children dying 0.3-3 s later)\n", flush=True)
         with cl.running_containerd(workdir, settings) as lab, cl.namespace(lab, "rgctd-demo") as ns:
             stock = cl.crash_storm(lab, ns, cl.STOCK_RUNC, _runc_label(), delays, _progress)
-            before = len(cl.delete_stats(settings))
             guard = cl.crash_storm(lab, ns, binary, "runc-guard", delays, _progress)
-            stats = cl.delete_stats(settings)[before:]
+            stats = cl.delete_stats(settings, set(guard.task_ids))
             guard.waited_ms = [int(str(s["waited_ms"])) for s in stats]
             outcomes = sorted({str(s["outcome"]) for s in stats})
             print("\n" + table([stock, guard]))

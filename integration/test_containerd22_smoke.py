@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from labkit import containerd as cl
+from labkit import prereq
 
 pytestmark = pytest.mark.kernel
 
@@ -17,9 +18,7 @@ def lab22(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cl.GuardedLab]:
     """containerd 2.2.2 whose runc-guard fronts runc 1.3.4 (RUNC_GUARD_RUNTIME)."""
     build = cl.require_build(cl.CONTAINERD_22)
     runc = cl.require_runc(cl.RUNC_1_3_4)
-    reason = cl.missing_prerequisites(build)
-    if reason is not None:
-        pytest.skip(reason)
+    prereq.require_none(cl.missing_prerequisites(build))
     with cl.guarded_containerd_in(tmp_path_factory, "rgctd22", build=build, runc=runc) as lab:
         yield lab
 

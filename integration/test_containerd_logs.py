@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from labkit import containerd as cl
+from labkit import prereq
 from labkit.journald import Journald
 
 pytestmark = pytest.mark.kernel
@@ -14,8 +15,8 @@ def test_path_b_delete_is_one_canonical_journal_entry(
     journal: Journald | None, guarded: cl.GuardedLab, ctd: cl.Containerd, ns: str
 ) -> None:
     """journalctl CONTAINER_ID=<id> shows the delete with its outcome and waited time."""
-    if journal is None:
-        pytest.skip("no systemd-journald on this machine (make deps installs systemd)")
+    prereq.require(journal, "systemd-journald and journalctl (make deps installs systemd)")
+    assert journal is not None
     crash = cl.path_b_crash(ctd, ns, cl.guard_binary(), delay=1.0)
     try:
         assert crash.left == []

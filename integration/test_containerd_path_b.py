@@ -32,7 +32,6 @@ def test_runc_guard_leaves_no_cgroup_bundle_or_record(
 
     The task made a child cgroup of its own in every hierarchy: removed too, leaf first.
     """
-    before = len(cl.delete_stats(guarded.settings))
     crash = cl.path_b_crash(ctd, ns, cl.guard_binary(), delay=1.5, nested=True)
     try:
         assert crash.left == [], [e for e in cl.guard_events(guarded.settings)
@@ -40,7 +39,7 @@ def test_runc_guard_leaves_no_cgroup_bundle_or_record(
         assert crash.bundle_gone
         assert not [r for r in cl.pending_records(guarded.settings)
                     if r.startswith(crash.task_id + "@")]
-        stats = cl.delete_stats(guarded.settings)[before:]
+        stats = cl.delete_stats(guarded.settings, {crash.task_id})
         assert [s["outcome"] for s in stats] == ["removed"]
         # It had to wait for the held children *before* runc ran (init was dead), so
         # runc's own removal succeeded, the nested cgroups included.

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from labkit import containerd as cl
+from labkit import prereq
 
 pytestmark = pytest.mark.kernel
 
@@ -26,7 +27,6 @@ def test_wrapper_alone_leaks(guarded: cl.GuardedLab, ctd: cl.Containerd, ns: str
 
 def test_runc_guard_in_front_of_a_wrapper(guarded: cl.GuardedLab, ctd: cl.Containerd, ns: str) -> None:
     """runc-guard -> wrapper -> runc, chosen by the [runtimes] alias: 0 directories left."""
-    before = len(cl.delete_stats(guarded.settings))
     crash = cl.path_b_crash(ctd, ns, guarded.alias(cl.WRAPPER_ALIAS), delay=1.5)
     try:
         assert crash.left == []
@@ -34,7 +34,7 @@ def test_runc_guard_in_front_of_a_wrapper(guarded: cl.GuardedLab, ctd: cl.Contai
         calls = [c for c in cl.wrapper_calls(guarded.workdir) if crash.task_id in c]
         assert any(" create " in f" {c} " for c in calls), calls
         assert any(f"delete --force {crash.task_id}" in c for c in calls), calls
-        stats = cl.delete_stats(guarded.settings)[before:]
+        stats = cl.delete_stats(guarded.settings, {crash.task_id})
         assert [s["outcome"] for s in stats] == ["removed"]
     finally:
         cl.remove_dirs(crash.left)
@@ -72,8 +72,7 @@ def legacy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cl.GuardedLab]:
     """containerd with only the v1 hierarchies: crun 1.8 refuses this host's hybrid layout
     ("cgroups in hybrid mode not supported, drop all controllers from cgroupv2": the
     v2 tree has hugetlb) and fails under pure v2 here (setrlimit RLIMIT_MEMLOCK: EPERM)."""
-    if not shutil.which("crun"):
-        pytest.skip("crun is not installed (make deps installs it)")
+    prereq.require(shutil.which("crun"), "crun (make deps installs it)")
     with cl.guarded_containerd_in(tmp_path_factory, "rgctd-legacy", cl.LEGACY) as lab:
         yield lab
 
@@ -94,12 +93,11 @@ def test_runc_guard_in_front_of_crun(legacy: cl.GuardedLab) -> None:
     """runc-guard -> crun, chosen by the [runtimes] alias: 0 directories left."""
     lab = legacy.containerd
     with cl.namespace(lab) as ns:
-        before = len(cl.delete_stats(legacy.settings))
         crash = cl.path_b_crash(lab, ns, legacy.alias(cl.CRUN_ALIAS), delay=2.0)
         try:
             assert crash.bundle_gone
             assert crash.left == []
-            stats = cl.delete_stats(legacy.settings)[before:]
+            stats = cl.delete_stats(legacy.settings, {crash.task_id})
             assert [s["outcome"] for s in stats] == ["removed"]
         finally:
             cl.remove_dirs(crash.left)

@@ -15,6 +15,8 @@ from labkit.journald import Journald
 pytestmark = pytest.mark.kernel
 
 CYCLES = int(os.environ.get("RGCTD_STORM_CYCLES", "50"))
+#: Replays a storm: the seed of the teardown delays (printed in the summary of every run).
+SEED_ENV = "RGCTD_STORM_SEED"
 #: The storm is about removal under random teardowns, not about the deadline edge
 #: (test_containerd_deadline covers that). With the default 3 s and teardowns of up
 #: to 3 s after the shim's death, only containerd's reaction time (~0.1-0.3 s) stands
@@ -42,20 +44,20 @@ def test_storm_leaves_nothing_where_stock_runc_leaks(summary: list[str], storm_l
 
 
 def _storm(summary: list[str], guarded: cl.GuardedLab, ctd: cl.Containerd, ns: str) -> None:
-    seed = random.SystemRandom().randrange(1 << 30)
+    given = os.environ.get(SEED_ENV)
+    seed = int(given) if given else random.SystemRandom().randrange(1 << 30)
     rng = random.Random(seed)
     delays = [round(rng.uniform(0.3, 3.0), 2) for _ in range(CYCLES)]
     stock = cl.crash_storm(ctd, ns, cl.STOCK_RUNC, "runc 1.1.5", delays)
-    before = len(cl.delete_stats(guarded.settings))
     guard = cl.crash_storm(ctd, ns, cl.guard_binary(), "runc-guard", delays)
-    stats = cl.delete_stats(guarded.settings)[before:]
+    stats = cl.delete_stats(guarded.settings, set(guard.task_ids))
     waited = [int(str(s["waited_ms"])) for s in stats]
     outcomes = sorted(str(s["outcome"]) for s in stats)
     records = [r for r in cl.pending_records(guarded.settings)
                if r.split("@")[0] in set(guard.task_ids)]
     summary.extend([
         f"storm of {CYCLES} Path B crashes, teardown delays 0.3-3 s, delete_timeout "
-        f"{STORM_DELETE_TIMEOUT} s (seed {seed}):",
+        f"{STORM_DELETE_TIMEOUT} s (seed {seed}, replay with {SEED_ENV}={seed}):",
         f"  runc 1.1.5: {stock.leaked_dirs} cgroup dirs leaked by "
         f"{stock.leaking_containers}/{CYCLES} containers",
         f"  runc-guard: {guard.leaked_dirs} cgroup dirs leaked by "

@@ -18,7 +18,7 @@ import tomlkit
 
 from labkit import containerd as cl
 from labkit import cri as cr
-from labkit import images, runtimes
+from labkit import images, prereq, runtimes
 from labkit.kernel import cgroup_mount_points, remove_tree, unique, wait_for
 
 PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
@@ -41,8 +41,7 @@ def test_configure_adds_one_handler_and_reverts_byte_for_byte(version: str, tmp_
     """configure adds exactly the runc-guard handler (nothing else changes), containerd reads
     both handlers back with their BinaryName, a re-run is a no-op, --revert restores the bytes."""
     build = cl.require_build(version)
-    if not os.path.exists(cr.guardctl_binary()):
-        pytest.skip(f"{cr.guardctl_binary()} is missing (make venv)")
+    prereq.require(os.path.exists(cr.guardctl_binary()), f"{cr.guardctl_binary()} (make venv)")
     workdir = str(tmp_path)
     config = cr.cri_config(workdir, build, build.runc)
     with open(config, "rb") as f:
@@ -99,11 +98,7 @@ _RUNC_DRIVER = re.compile(
 def _prerequisites(version: str) -> tuple[cl.Build, str]:
     build = cl.require_build(version)
     crictl = runtimes.require(runtimes.CRICTL)
-    reason = cr.missing_prerequisites(build)
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+    prereq.require_none(cr.missing_prerequisites(build))
     return build, crictl
 
 

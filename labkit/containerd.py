@@ -20,7 +20,7 @@ containerd 2.2 and other runc versions (additive API, every default unchanged)
 The same lab runs containerd 2.2.2 from ``labkit.runtimes`` (the setting
 ``RUNC_GUARD_TEST_RUNTIMES``). Pick a build and a runc by name::
 
-    build = cl.require_build(cl.CONTAINERD_22)      # skips when absent; CONTAINERD_16: Debian's
+    build = cl.require_build(cl.CONTAINERD_22)      # absent: fails under CI, else skips
     runc = cl.require_runc(cl.RUNC_1_3_4)           # RUNC_1_1_5 (Debian), RUNC_1_3_4, RUNC_1_5_1
     with cl.guarded_containerd_in(factory, "name", build=build, runc=runc) as lab:
         task = cl.run_task(lab.containerd, ns, cl.guard_binary())   # runc-guard -> runc 1.3.4
@@ -41,7 +41,7 @@ The same lab runs containerd 2.2.2 from ``labkit.runtimes`` (the setting
 - ``running_containerd(..., build=..., config=...)`` also takes a ready-made
   config file (the CRI lab writes its own); without it the lab writes one.
 - Helpers for tests on any build: ``missing_prerequisites(build)`` (why the lab
-  cannot run here, for a skip), ``guard_events(settings, "delete")`` (runc-guard's
+  cannot run here, for ``labkit.prereq``), ``guard_events(settings, "delete")`` (runc-guard's
   event lines, with the runtime it ran and the outcome), ``Containerd.runc_state``.
 """
 
@@ -55,7 +55,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,7 +151,7 @@ def find_build(name: str = CONTAINERD_16) -> Build | None:
 
 
 def require_build(name: str) -> Build:
-    """:func:`find_build`, skipping the calling test (naming the setting) when it is absent."""
+    """:func:`find_build`; when absent, stops the test naming the setting (labkit.prereq)."""
     found = find_build(name)
     if found is None:
         for binary in (runtimes.CONTAINERD_2, runtimes.SHIM_2, runtimes.CTR_2, runtimes.RUNC_134):
@@ -173,7 +173,7 @@ def runc_binary(version: str) -> str | None:
 
 
 def require_runc(version: str) -> str:
-    """:func:`runc_binary`, skipping the calling test (naming the setting) when absent."""
+    """:func:`runc_binary`; when absent, stops the test naming the setting (labkit.prereq)."""
     found = runc_binary(version)
     if found is None:
         return runtimes.require(_RUNC_FILES.get(version, "runc"))
@@ -641,13 +641,22 @@ def pending_records(settings: dict[str, str]) -> list[str]:
     return sorted(os.listdir(directory)) if os.path.isdir(directory) else []
 
 
-def delete_stats(settings: dict[str, str]) -> list[dict[str, object]]:
-    """runc-guard's per-delete stats lines (outcome, waited_ms, removed ...)."""
-    path = settings["RUNC_GUARD_STATS_FILE"]
+def read_stats(path: str, container_ids: Collection[str]) -> list[dict[str, object]]:
+    """The stats lines of ``path`` that name one of ``container_ids``, in file order.
+
+    A lab is shared by tests running at once, so a test picks its own lines by id:
+    the last line, or the lines since a count, may be another test's.
+    """
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        lines = [json.loads(line) for line in f if line.strip()]
+    return [s for s in lines if s.get("container_id") in container_ids]
+
+
+def delete_stats(settings: dict[str, str], container_ids: Collection[str]) -> list[dict[str, object]]:
+    """runc-guard's per-delete stats lines (outcome, waited_ms, removed ...) of these containers."""
+    return read_stats(settings["RUNC_GUARD_STATS_FILE"], container_ids)
 
 
 #: Names runc-guard is invoked as (symlinks) to front another runtime via [runtimes].

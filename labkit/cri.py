@@ -36,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -442,6 +442,29 @@ def elapsed(start: float) -> float:
     return round(time.monotonic() - start, 3)
 
 
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def timed_release(cell: Cell, hold: FreezerHold, start: float) -> Callable[[], None]:
+    """``hold.release`` that first notes when, and how many held children were still alive.
+
+    The proof that a teardown was slow: the held children lived until ``released_s``
+    (``held_at_release`` > 0), whatever the runtime under test did meanwhile.
+    """
+
+    def release() -> None:
+        cell.held_at_release = sum(_running(p) for p in hold.pids)
+        cell.timings["released_s"] = elapsed(start)
+        hold.release()
+
+    return release
+
+
 class ExitWatch:
     """Polls a container's CRI state in a thread: when did it first read EXITED?"""
 
@@ -491,6 +514,7 @@ class Cell:
     pending: list[str] = field(default_factory=list)  # runc-guard records left for these ids
     after_removal: dict[str, Any] = field(default_factory=dict)  # after kubelet's rm -f, stopp, rmp
     alive: int = 0  # the container's processes still alive when measured
+    held_at_release: int = 0  # held children still alive when the hold was released
     after_sweep: dict[str, Any] = field(default_factory=dict)  # after runc-guardctl sweep
     log_lines: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -504,7 +528,8 @@ class Cell:
         return (
             f"{self.scenario:9} pid={self.pid_mode:9} {self.handler:10} dirs={len(self.left)}"
             f"+{len(self.sandbox_left)} state={int(self.runtime_state)}"
-            f"+{int(self.sandbox_runtime_state)} records={len(self.pending)} alive={self.alive} {t}"
+            f"+{int(self.sandbox_runtime_state)} records={len(self.pending)} alive={self.alive}"
+            f" held-at-release={self.held_at_release} {t}"
             + (f" after-rm={self.after_removal}" if self.after_removal else "")
             + (f" after-sweep={self.after_sweep}" if self.after_sweep else "")
         )
@@ -542,9 +567,10 @@ def kubelet_removal(lab: CriLab, cell: Cell, ctr: Container, pod: Pod, budget: f
     while True:
         attempts += 1
         p = lab.crictl("rm", "-f", ctr.id, check=False)
+        if p.returncode != 0:  # every failed attempt is kept, the last one too
+            cell.notes.append(f"rm -f attempt {attempts} at {elapsed(start)} s: {p.stderr.strip()[-200:]}")
         if p.returncode == 0 or time.monotonic() - start > budget:
             break
-        cell.notes.append(f"rm -f attempt {attempts}: {p.stderr.strip()[-200:]}")
         time.sleep(1.0)
     cell.timings["rm_f_s"] = elapsed(start)
     cell.timings["rm_f_attempts"] = attempts
@@ -677,10 +703,10 @@ def path_a(lab: CriLab, handler: str, pid_mode: str, release_after: float, scena
         cell.container_id, cell.sandbox_id = ctr.id, pod.id
         init = lab.init_pid(ctr.id)
         hold = hold_children(ctr, init)
-        timer = threading.Timer(release_after, hold.release)
+        start = time.monotonic()
+        timer = threading.Timer(release_after, timed_release(cell, hold, start))
         watch: ExitWatch | None = None
         try:
-            start = time.monotonic()
             watch = ExitWatch(lab, ctr.id, start)
             timer.start()
             stop = lab.crictl("stop", "-t", "0", ctr.id, check=False)
@@ -719,16 +745,12 @@ VERSIONS = (cl.CONTAINERD_16, cl.CONTAINERD_22)
 
 @contextlib.contextmanager
 def lab_for(version: str, factory: Any, **overrides: str) -> Iterator[CriLab]:
-    """A CRI lab for ``version`` (skipping, naming the setting, when binaries are absent)."""
-    import pytest
-
-    from labkit import runtimes
+    """A CRI lab for ``version``; absent binaries fail under CI, skip elsewhere (labkit.prereq)."""
+    from labkit import prereq, runtimes
 
     build = cl.require_build(version)
     crictl = runtimes.require(runtimes.CRICTL)
-    reason = missing_prerequisites(build)
-    if reason is not None:
-        pytest.skip(reason)
+    prereq.require_none(missing_prerequisites(build))
     with cri_lab_in(factory, f"rgcri{version.replace('.', '')}", build, crictl, **overrides) as lab:
         yield lab
 
@@ -751,7 +773,7 @@ class Labs:
     """One CRI lab per containerd version, started on first use, all stopped by ``close``.
 
     A module-scoped fixture holds one: tests parametrized by version share it, and
-    a version whose binaries are absent skips only its own tests.
+    a version whose binaries are absent stops only its own tests (labkit.prereq).
     """
 
     def __init__(self, factory: Any, **overrides: str) -> None:
@@ -924,9 +946,9 @@ def rm_retry(lab: CriLab, handler: str, pid_mode: str, release_after: float, bud
         ctr = lab.start_sleepers(pod)
         cell.container_id, cell.sandbox_id = ctr.id, pod.id
         hold = hold_children(ctr, lab.init_pid(ctr.id))
-        timer = threading.Timer(release_after, hold.release)
+        start = time.monotonic()
+        timer = threading.Timer(release_after, timed_release(cell, hold, start))
         try:
-            start = time.monotonic()
             timer.start()
             attempts = 0
             while True:
@@ -953,7 +975,8 @@ def cell_params(gaps: dict[tuple[str, str], str]) -> list[Any]:
     """pytest params (version, PID mode) for every cell; ``gaps`` marks known failures xfail.
 
     ``gaps`` maps (version, mode) to the observed reason: the cell still runs and
-    keeps its assertions (xfail, not strict, so a fix shows up as XPASS).
+    keeps its assertions. Strict: a cell that starts passing fails the run until its
+    gap is removed, so a gap can neither hide a regression nor outlive its fix.
     """
     import pytest
 
@@ -961,7 +984,7 @@ def cell_params(gaps: dict[tuple[str, str], str]) -> list[Any]:
     for version in VERSIONS:
         for mode in PID_MODES:
             gap = gaps.get((version, mode))
-            marks = [pytest.mark.xfail(reason=gap, strict=False)] if gap else []
+            marks = [pytest.mark.xfail(reason=gap, strict=True)] if gap else []
             params.append(pytest.param(version, mode, marks=marks, id=f"{version}-{mode}"))
     return params
 

@@ -255,18 +255,21 @@ class RuncContainer:
     runc: str = RUNC
 
     @classmethod
-    def start(cls, workdir: str, children: int = 3, parent: str | None = None) -> RuncContainer:
+    def start(
+        cls, workdir: str, children: int = 3, parent: str | None = None, runc: str = RUNC
+    ) -> RuncContainer:
+        """Run a host-PID container with ``runc`` (Debian's by default; the state is that runc's)."""
         cid = unique("rgtest-ctr")
         parent = parent or unique("rgtest")
         relative = f"/{parent}/{cid}"
         bundle = make_bundle(os.path.join(workdir, cid), relative, sleepers_script(children))
         root = os.path.join(workdir, "runc-root")
-        ctr = cls(cid, root, bundle, relative)
+        ctr = cls(cid, root, bundle, relative, runc)
         # stdio must not be a pipe: the detached container keeps it open forever.
         with open(os.path.join(workdir, f"{cid}.stderr"), "wb") as err:
             try:
                 subprocess.run(
-                    [RUNC, "--root", root, "run", "-d", cid],
+                    [runc, "--root", root, "run", "-d", cid],
                     cwd=bundle,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
@@ -322,7 +325,7 @@ class RuncContainer:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         subprocess.run(
-            [RUNC, "--root", self.root, "delete", "--force", self.id],
+            [self.runc, "--root", self.root, "delete", "--force", self.id],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             check=False,
@@ -339,10 +342,10 @@ class RuncContainer:
 
 @contextlib.contextmanager
 def container_with_hold(
-    workdir: str, children: int = 3, held: int = 2, freezer_root: str = FREEZER
+    workdir: str, children: int = 3, held: int = 2, freezer_root: str = FREEZER, runc: str = RUNC
 ) -> Iterator[tuple[RuncContainer, FreezerHold]]:
-    """A host-PID container with ``held`` of its children in a frozen freezer."""
-    ctr = RuncContainer.start(workdir, children)
+    """A host-PID container (started by ``runc``) with ``held`` of its children in a frozen freezer."""
+    ctr = RuncContainer.start(workdir, children, runc=runc)
     hold = FreezerHold.create(freezer_root)
     try:
         hold.hold(ctr.children()[:held])

@@ -5,8 +5,9 @@ already holds ``bin/<binary>`` (``.ci/run`` unpacks and verifies the tarball
 there) or a directory holding ``runtimes-linux-amd64.tar.xz`` plus nothing
 else, which is unpacked once into ``UNPACK_ROOT`` and checked against its
 ``SHA256SUMS``. Without the setting, ``../shared/runtimes`` beside the
-checkout is tried. Tests that need a binary call :func:`require`, which skips
-with a message naming the setting when it is absent.
+checkout is tried. Tests that need a binary call :func:`require`, which stops
+the test with a message naming the setting when it is absent: a failure under
+``CI=true``, a skip elsewhere (``labkit.prereq``).
 """
 
 from __future__ import annotations
@@ -98,12 +99,12 @@ def find(binary: str) -> str | None:
 
 
 def require(binary: str) -> str:
-    """The binary's path; skip the calling test, naming the setting, when it is not there."""
-    import pytest
+    """The binary's path; when it is not there, stop the test naming the setting (labkit.prereq)."""
+    from labkit import prereq
 
     path = find(binary)
     if path is None:
-        pytest.skip(skip_reason(binary))
+        prereq.missing(skip_reason(binary))
     return path
 
 

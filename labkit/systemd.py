@@ -48,6 +48,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from labkit import runtimes
+from labkit.containerd import read_stats
 from labkit.kernel import BUSYBOX, CGROUP_ROOT, FreezerHold, procs, shim_of, unique, wait_for
 
 NSPAWN = shutil.which("systemd-nspawn") or "/usr/bin/systemd-nspawn"
@@ -808,12 +809,9 @@ def containerd_environment(machine: Machine, **variables: str) -> Iterator[None]
         wait_for(lambda: machine.run("ctr", "version", check=False).returncode == 0, 30, 0.1)
 
 
-def guard_stats(machine: Machine) -> list[dict[str, object]]:
-    path = machine.host_path(STATS_FILE)
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+def guard_stats(machine: Machine, container_id: str) -> list[dict[str, object]]:
+    """runc-guard's stats lines inside the machine for one container (its own, not the last written)."""
+    return read_stats(machine.host_path(STATS_FILE), {container_id})
 
 
 def pending_records(machine: Machine) -> list[str]:

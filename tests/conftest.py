@@ -9,21 +9,28 @@ from collections.abc import Iterator
 
 import pytest
 
+from labkit import figures, prereq
 from labkit.kernel import wait_reported
 from tests.fakes import FakeCgroupFs, FakeClock
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Kernel tests need root, cgroups and runc; say clearly why when they cannot run."""
-    reason = None
+def _kernel_tests_missing() -> str | None:
     if os.geteuid() != 0:
-        reason = "kernel tests need root"
-    elif not shutil.which("runc"):
-        reason = "kernel tests need runc (make deps installs it)"
-    if reason:
-        for item in items:
-            if "kernel" in item.keywords:
-                item.add_marker(pytest.mark.skip(reason=reason))
+        return "kernel tests need root"
+    if not shutil.which("runc"):
+        return "kernel tests need runc (make deps installs it)"
+    return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Kernel tests need root, cgroups and runc: without them, fail under CI, skip elsewhere."""
+    if "kernel" in item.keywords:
+        prereq.require_none(_kernel_tests_missing())
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Figures recorded with record_property("figure", ...), from xdist workers too."""
+    figures.terminal_summary(terminalreporter, config)
 
 
 @pytest.fixture

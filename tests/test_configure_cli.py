@@ -14,6 +14,7 @@ import pytest
 import tomlkit
 from click.testing import CliRunner, Result
 
+from labkit import prereq
 from runc_guard.cli import cli
 from runc_guard.errors import EXIT_CONFIG, RuncGuardError
 from runc_guard.settings import load
@@ -96,8 +97,8 @@ def node(tmp_path: Any, shim_binary: str) -> Node:
 
 @pytest.fixture
 def default_config() -> str:
-    if CONTAINERD is None:
-        pytest.skip("containerd is not installed")
+    prereq.require(CONTAINERD, "containerd (make deps installs it)")
+    assert CONTAINERD is not None
     return subprocess.run(
         [CONTAINERD, "config", "default"], capture_output=True, text=True, check=True
     ).stdout

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import tomlkit
 
+from labkit import prereq
 from tests.test_configure_cli import Node
 
 CRI2 = "io.containerd.grpc.v1.cri"
@@ -116,7 +117,7 @@ def test_a_handler_configure_creates_gets_no_driver(node: Node) -> None:
     assert all("SystemdCgroup" not in o for o in created.values())
 
 
-@pytest.mark.skipif(CONTAINERD is None, reason="containerd is not installed")
+@prereq.needs(CONTAINERD, "containerd (make deps installs it)")
 def test_containerd_reads_the_same_driver_after_configure(node: Node) -> None:
     """containerd's own parser sees SystemdCgroup true on runc, false on legacy, all fronted."""
     assert CONTAINERD is not None

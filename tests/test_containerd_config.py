@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import tomlkit
 
+from labkit import prereq
 from runc_guard.errors import EXIT_CONFIG
 from runc_guard.node.containerd_config import (
     ConfigFile,
@@ -29,7 +30,7 @@ GUARD = "/usr/bin/runc-guard"
 CRI2 = "io.containerd.grpc.v1.cri"
 CRI3 = "io.containerd.cri.v1.runtime"
 CONTAINERD = shutil.which("containerd")
-needs_containerd = pytest.mark.skipif(CONTAINERD is None, reason="containerd is not installed")
+needs_containerd = prereq.needs(CONTAINERD, "containerd (make deps installs it)")
 
 NVIDIA_V2 = f'''version = 2
 
@@ -71,8 +72,8 @@ V3 = f'''version = 3
 @pytest.fixture(scope="module")
 def default_v2() -> str:
     """containerd 1.6's own default config (the file most nodes start from)."""
-    if CONTAINERD is None:
-        pytest.skip("containerd is not installed")
+    prereq.require(CONTAINERD, "containerd (make deps installs it)")
+    assert CONTAINERD is not None
     return subprocess.run(
         [CONTAINERD, "config", "default"], capture_output=True, text=True, check=True
     ).stdout

@@ -17,6 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from labkit import prereq
 from runc_guard.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,8 +116,8 @@ def test_npd_rule_output_fits_on_this_node(tmp_path: Path) -> None:
 def test_systemd_units_verify(tmp_path: Path) -> None:
     """systemd-analyze verify accepts the units without a single warning."""
     analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed (apt package systemd)")
+    prereq.require(analyze, "systemd-analyze (apt package systemd)")
+    assert analyze is not None
     ctl = os.path.join(os.path.dirname(sys.executable), "runc-guardctl")
     names = sorted(p.name for p in UNITS.iterdir())
     assert names == ["runc-guard-audit.service", "runc-guard-audit.timer",

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from labkit import prereq
 from runc_guard.cli.audit import node_families
 from runc_guard.node.audit import AuditReport, PodLeak
 from runc_guard.node.cgroupstats import families as kernel_families
@@ -33,9 +34,10 @@ _METRIC = re.compile(r"\brunc_guard_[a-z0-9_]+")
 
 
 def promtool() -> str:
+    """promtool's path; without it the test fails under CI and skips elsewhere (labkit.prereq)."""
     path = shutil.which("promtool")
     if path is None:
-        pytest.skip("promtool not found: install Debian's prometheus package (apt-get install prometheus)")
+        prereq.missing("promtool: install Debian's prometheus package (apt-get install prometheus)")
     return path
 
 
@@ -127,13 +129,12 @@ def test_prometheusrule_holds_the_same_rules(tmp_path: Path) -> None:
     assert (manifest["apiVersion"], manifest["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
     assert manifest["metadata"]["labels"]["prometheus"] == "k8s"
     assert manifest["spec"] == load_yaml(RULES)
-    if shutil.which("promtool"):
-        extracted = tmp_path / "operator.rules.yml"
-        extracted.write_text(yaml.safe_dump(manifest["spec"]))
-        done = subprocess.run(
-            [promtool(), "check", "rules", str(extracted)], capture_output=True, text=True, check=False
-        )
-        assert done.returncode == 0, done.stdout
+    extracted = tmp_path / "operator.rules.yml"
+    extracted.write_text(yaml.safe_dump(manifest["spec"]))
+    done = subprocess.run(
+        [promtool(), "check", "rules", str(extracted)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout
 
 
 def test_every_alert_says_what_to_run() -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import runtimes
+from labkit import prereq, runtimes
 from labkit.kernel import (
     FREEZER,
     FreezerHold,
@@ -116,8 +116,7 @@ def path_b_orphan(
     tmp_path: Path, root: str
 ) -> Iterator[tuple[Orphan, FreezerHold, subprocess.CompletedProcess[str]]]:
     """Start a host-PID runc 1.3.4 container, hold 2 children frozen, kill init, run runc's delete."""
-    if not os.path.isdir(FREEZER):
-        pytest.skip("needs the cgroup v1 freezer for the slow-death hold")
+    prereq.require(os.path.isdir(FREEZER), f"the cgroup v1 freezer at {FREEZER} (the slow-death hold)")
     orphan, init = start_container(tmp_path, root)
     hold = FreezerHold.create()
     try:

@@ -24,6 +24,7 @@ import tomlkit
 import yaml
 
 import runc_guard
+from labkit import prereq
 from runc_guard.settings import Settings, load_settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -282,9 +283,9 @@ def test_runtimeclass_names_a_handler_the_examples_define() -> None:
         assert doc["timeouts"]["io.containerd.timeout.shim.cleanup"] == "5s"
 
 
-@pytest.mark.skipif(shutil.which("containerd") is None, reason="containerd is not installed")
 def test_containerd_accepts_the_16_example() -> None:
     """containerd 1.6 parses the version-2 example and shows every runc-guard BinaryName."""
+    prereq.require(shutil.which("containerd"), "containerd (make deps installs it)")
     example = os.path.join(REPO, "contrib", "containerd-config", "containerd-1.6-1.7.toml")
     dump = run(["containerd", "--config", example, "config", "dump"]).stdout
     runtimes = tomlkit.parse(dump).unwrap()["plugins"]["io.containerd.grpc.v1.cri"][
@@ -483,12 +484,12 @@ def _stalled_in_a_syscall(strace_pid: int, timeout: float = 20.0) -> bool:
     return False
 
 
-@pytest.mark.skipif(not os.access("/usr/bin/strace", os.X_OK), reason="needs strace")
 def test_pyz_shim_mid_upgrade_keeps_its_own_version(
     pyz: str, fake_host: dict[str, str], tmp_path: Any
 ) -> None:
     """A single-file shim paused between its first import and the delete path's imports while
     install.sh switches versions finishes on the version it started with: no traceback, exit 0."""
+    prereq.require(os.access("/usr/bin/strace", os.X_OK), "/usr/bin/strace (make deps installs it)")
     host = fake_host["host"]
     with open(os.path.join(host, "etc/containerd/config.toml"), "w") as f:
         f.write("version = 2\n")
@@ -544,8 +545,13 @@ def _installed(package: str) -> bool:
 @pytest.fixture
 def installed_deb(deb: str) -> Iterator[str]:
     """The .deb installed with apt (pulling Debian's python3-* libs); purged afterwards."""
-    if _installed("runc-guard"):
-        pytest.skip("runc-guard is already installed on this machine: not ours to remove")
+    # A leftover install (a run killed before its purge, or an operator's) is not ours to
+    # remove: a machine without one is this test's prerequisite, like any other.
+    prereq.require(
+        not _installed("runc-guard"),
+        "a machine without the runc-guard package (it is installed; `apt-get purge runc-guard`"
+        " if it is a leftover of an earlier test run)",
+    )
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     argv = ["apt-get", "install", "-y", "-qq", deb]
     try:

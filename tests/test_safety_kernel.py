@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from labkit import prereq
 from labkit.kernel import (
     RUNC,
     RuncContainer,
@@ -693,9 +694,7 @@ def sigint_while_importing(shim: str, module: str, tmp: str) -> subprocess.Compl
 
 
 STRACE = "/usr/bin/strace"
-needs_strace = pytest.mark.skipif(
-    not os.access(STRACE, os.X_OK), reason="needs strace (apt-get install strace)"
-)
+needs_strace = prereq.needs(os.access(STRACE, os.X_OK), f"{STRACE} (apt-get install strace)")
 
 
 @needs_strace

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from labkit import prereq
 from labkit.kernel import cgroup_mount_points, procs, remove_tree, wait_for
 from runc_guard.delete.pending import PendingRecord, write_record
 
@@ -239,8 +240,7 @@ def test_sweep_slows_down_while_sys_percent_is_high(trees: Trees, tmp_path: Path
 
 @pytest.fixture
 def v2_trees() -> Iterator[Trees]:
-    if UNIFIED not in cgroup_mount_points():
-        pytest.skip("needs the hybrid layout's cgroup2 at /sys/fs/cgroup/unified")
+    prereq.require(UNIFIED in cgroup_mount_points(), f"the hybrid layout's cgroup2 at {UNIFIED}")
     made = Trees([UNIFIED])
     try:
         yield made
@@ -323,8 +323,7 @@ def test_stop_load_balance_clears_a_v1_cpuset_only(trees: Trees) -> None:
     from runc_guard.delete.cgroupfs import RealCgroupFs
 
     cpuset = "/sys/fs/cgroup/cpuset"
-    if cpuset not in trees.mounts:
-        pytest.skip("needs the v1 cpuset hierarchy")
+    prereq.require(cpuset in trees.mounts, f"the v1 cpuset hierarchy at {cpuset}")
     made = dict(zip(trees.mounts, trees.make(f"kubepods/pod1/{new_id()}"), strict=True))
     fs = RealCgroupFs()
     flag = os.path.join(made[cpuset], "cpuset.sched_load_balance")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -307,14 +310,75 @@ def test_invalid_unit_is_refused_before_systemctl(fake: FakeSystemd) -> None:
     assert fake.calls == []
 
 
-def test_real_systemctl_call_is_bounded() -> None:
-    """_systemctl never waits past the cap, even with a far deadline (the argv is systemctl's)."""
-    if ss.shutil.which("systemctl") is None:
-        pytest.skip("systemctl is not installed")
+@pytest.fixture
+def hanging_systemctl(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A ``systemctl`` first on PATH that never answers (PID 1 wedged, D-Bus stuck): it notes
+    its pid and ``exec``s a 120 s sleep, so the process runc-guard started is the one that hangs.
+    Yields the file of pids; whatever is still running afterwards is killed by those pids."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    pids = tmp_path / "systemctl.pids"
+    tool = bindir / "systemctl"
+    tool.write_text(f'#!/bin/sh\necho $$ >> {pids}\nexec sleep 120\n')
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    yield str(pids)
+    for pid in _pids(str(pids)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _pids(path: str) -> list[int]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [int(line) for line in f if line.strip()]
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie has been killed; its parent reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_hanging_systemctl_is_cut_off_at_the_cap(
+    hanging_systemctl: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A systemctl that never answers is killed at CALL_CAP_S even with a far deadline: the call
+    raises TimeoutExpired, and the hung process is gone (not left running behind the delete)."""
+    monkeypatch.setattr(ss, "CALL_CAP_S", 0.5)
     started = time.monotonic()
-    proc = ss._systemctl(["--version"], time.monotonic() + 3600)
-    assert proc.returncode == 0 and "systemd" in proc.stdout
-    assert time.monotonic() - started < ss.CALL_CAP_S
+    with pytest.raises(subprocess.TimeoutExpired):
+        ss._systemctl(["show", "--property=ActiveState", "--", "x.scope"], time.monotonic() + 3600)
+    took = time.monotonic() - started
+    (pid,) = _pids(hanging_systemctl)
+    assert not _running(pid), "the hung systemctl outlived its call"
+    # The alternative is the sleep's 120 s: a bound far from both it and the 0.5 s cap.
+    assert took < 60, took
+
+
+def test_hanging_systemctl_cannot_hold_the_scope_past_the_deadline(
+    hanging_systemctl: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """settle() with a systemd that never answers: every call is cut off by the deadline (well
+    under the cap), the result is ``error`` naming systemctl, and no systemctl is left running."""
+    booted = tmp_path / "run-systemd-system"  # sd_booted(3): pretend systemd is PID 1
+    booted.mkdir()
+    monkeypatch.setattr(ss, "SYSTEMD_RUNTIME_DIR", str(booted))
+    monkeypatch.setattr(ss, "CALL_CAP_S", 600.0)  # only the deadline may cut the calls off
+    assert ss.systemd_reachable()
+    started = time.monotonic()
+    result = ss.settle("cri-containerd-x.scope", lambda: False, time.monotonic() + 1.0, 0.05)
+    took = time.monotonic() - started
+    assert result.outcome == ss.ERROR and "systemctl" in result.detail and "timed out" in result.detail
+    pids = _pids(hanging_systemctl)
+    assert pids, "settle never ran systemctl"
+    assert not [p for p in pids if _running(p)]
+    # Without the deadline's bound the first call would wait out the sleep's 120 s.
+    assert took < 60, took
 
 
 # -- the sweep's pass over failed scopes ----------------------------------------------

@@ -215,7 +215,7 @@ class DeleteRun:
             self.log.debug("delete", **entry)  # nothing happened: no entry at info, no metric
             return end.status
         getattr(self.log, _level(end))("delete", **entry)
-        append_stats(self.settings.stats_file, end.outcome, entry)
+        append_stats(self.settings.stats_file, end.outcome, entry, self.container_id)
         return end.status
 
     # -- the delete ------------------------------------------------------------
@@ -704,11 +704,15 @@ def _own_cost() -> dict[str, int]:
     }
 
 
-def append_stats(stats_file: str, outcome: str, entry: Mapping[str, Any]) -> None:
-    """One small line per delete for ``runc-guardctl metrics`` to aggregate (no daemon)."""
+def append_stats(stats_file: str, outcome: str, entry: Mapping[str, Any], container_id: str) -> None:
+    """One small line per delete for ``runc-guardctl metrics`` to aggregate (no daemon).
+
+    The container id lets a reader (a test on a shared lab) pick its own lines.
+    """
     line = cjson.dumps(
         {
             "time": round(time.time(), 3),
+            "container_id": container_id,
             "outcome": outcome,
             "waited_ms": entry.get("waited_ms", 0),
             "removed": entry.get("removed", 0),
