@@ -242,7 +242,7 @@ def test_fixture_round_trip(name: str, tmp_path: Any, shim_binary: str) -> None:
         expected = case.routed_by.get(build, (case.routed, ""))[0]
         assert routed(found, guard_dir) == set(expected), (build, found)
     if checked == 0:
-        prereq.missing("a containerd (1.6.20, or 2.2.2/2.3.4 from RUNC_GUARD_TEST_RUNTIMES) to read the result")
+        prereq.missing("a containerd (1.6.20, or 2.2.2/2.3.4 of RUNC_GUARD_TEST_RUNTIMES) to read it")
     rendered = tree.config + ".rendered"
     if os.path.exists(rendered):
         os.unlink(rendered)
