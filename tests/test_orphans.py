@@ -46,6 +46,10 @@ def stat_line(pid: int, state: str, start: int) -> str:
 
 @pytest.fixture
 def proc(tmp_path: Path) -> str:
+    return fake_proc(tmp_path)
+
+
+def fake_proc(tmp_path: Path) -> str:
     """A fake /proc: a live init, a zombie, a recycled pid (other start time) and one shim."""
     root = tmp_path / "proc"
     for pid, state, start in ((LIVE_PID, "S", START), (ZOMBIE_PID, "Z", START), (REUSED_PID, "S", 999)):

@@ -152,7 +152,7 @@ def _version(text: str) -> tuple[int, int] | None:
 
 def kernel_at_least(since: str, release: str) -> bool | None:
     """Whether ``release`` (uname -r) is at least the ``major.minor`` that ``since`` starts with."""
-    want, have = _version(since.split()[0]), _version(release)
+    want, have = _version(since.split(maxsplit=1)[0]), _version(release)
     return None if want is None or have is None else have >= want
 
 
