@@ -231,14 +231,17 @@ def test_refusal_raises_exit_77_and_logs(tmp_path: Path, journal: socket.socket)
 class FakeScopes:
     """Records settle() calls; answers with ``outcome``; ``reachable`` is what the test says."""
 
-    def __init__(self, outcome: str = systemd_scope.RESET_FAILED, reachable: bool = True) -> None:
+    def __init__(
+        self, outcome: str = systemd_scope.RESET_FAILED, reachable: bool = True, booted: bool = True
+    ) -> None:
         self.outcome = outcome
         self.is_reachable = reachable
+        self.booted = booted
         self.settled: list[str] = []
         self.read: list[tuple[str, str]] = []
 
     def ops(self) -> ScopeOps:
-        return ScopeOps(lambda: self.is_reachable, self.read_scope, self.settle)
+        return ScopeOps(lambda: self.is_reachable, self.read_scope, self.settle, lambda: self.booted)
 
     def read_scope(self, root: str, container_id: str) -> systemd_scope.ScopeRef | None:
         self.read.append((root, container_id))
@@ -295,7 +298,17 @@ def test_sweep_finishes_the_scope_of_each_container_it_removed(
     assert [(e["id"], e["action"]) for e in entries] == [(cid(1), action)]
     assert bool(report.errors) == error
     if not reachable:
-        assert "no systemd reachable" in report.errors[0]
+        assert "PID 1 is systemd but it is not reachable" in report.errors[0]
+
+
+def test_a_node_without_systemd_has_no_scope_to_finish(fs: AgedFs) -> None:
+    """PID 1 is not systemd: a directory named like a scope is just a directory; no error, no call."""
+    scopes = FakeScopes(reachable=False, booted=False)
+    swept = sweeper(fs, RuntimeDirs("/absent/runc", "/absent/bundles"), Recorder(), min_age=60)
+    swept.scopes = scopes.ops()
+    report = swept.run(Discovery(HIERARCHIES, {cid(1): scope_unit(fs, 1)}))
+    assert report.removed == 1 and report.errors == [] and scopes.settled == []
+    assert [e["action"] for e in report.containers] == ["removed"]
 
 
 def test_dry_run_and_kept_units_settle_no_scope(fs: AgedFs) -> None:

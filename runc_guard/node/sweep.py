@@ -231,6 +231,18 @@ class ScopeOps:
     reachable: Callable[[], bool]
     read_scope: Callable[[str, str], systemd_scope.ScopeRef | None]
     settle: Callable[[str, Callable[[], bool], float], systemd_scope.ScopeResult]
+    #: Whether systemd runs this node at all (PID 1): unreachable then is the sweeper's blind spot
+    #: (no /run/systemd mounted), not a node without scope units.
+    node_has_systemd: Callable[[], bool] = lambda: False
+
+
+def pid1_is_systemd(proc: str = "/proc") -> bool:
+    """PID 1 of our namespace is systemd (the host's, for a sweeper with hostPID)."""
+    try:
+        with open(f"{proc}/1/comm", "rb") as f:
+            return f.read().strip() == b"systemd"
+    except OSError:
+        return False
 
 
 def system_scopes(mounts: Sequence[str]) -> ScopeOps | None:
@@ -238,7 +250,9 @@ def system_scopes(mounts: Sequence[str]) -> ScopeOps | None:
     root = systemd_scope.SYSTEM_CGROUP_ROOT
     if not any(m == root or m.startswith(root + "/") for m in mounts):
         return None
-    return ScopeOps(systemd_scope.systemd_reachable, systemd_scope.read_scope, systemd_scope.settle)
+    return ScopeOps(
+        systemd_scope.systemd_reachable, systemd_scope.read_scope, systemd_scope.settle, pid1_is_systemd
+    )
 
 
 def scope_units(unit: ContainerUnit, refs: Sequence[systemd_scope.ScopeRef | None]) -> list[str]:
@@ -472,14 +486,17 @@ class Sweeper:
         processes outlived the stop timeout; systemd keeps a failed unit loaded
         forever. The container is gone now (no state, no bundle, cgroups removed):
         stop, wait and ``reset-failed`` it within SCOPE_BUDGET. Where no systemd
-        is reachable (a sweeper without /run/systemd) that is an error to see,
-        not a silent skip; a unit still stopping at the budget is left to the
-        next sweep's failed-unit pass.
+        is reachable although PID 1 is systemd (a sweeper without /run/systemd)
+        that is an error to see, not a silent skip; a unit still stopping at the
+        budget is left to the next sweep's failed-unit pass.
         """
         assert self._scopes is not None
         entry: dict[str, Any] = {"id": unit.container_id, "pod": unit.pod, "dirs": 0, "unit": scope}
         if not self._scopes.reachable():
-            entry.update(action="error", detail="no systemd reachable here (/run/systemd/system, systemctl)")
+            if not self._scopes.node_has_systemd():
+                return  # no systemd on this node: a directory named like a scope is no unit
+            entry.update(action="error", detail="PID 1 is systemd but it is not reachable here "
+                                                "(/run/systemd/system, systemctl)")
             report.errors.append(f"{unit.container_id}: cannot reset scope {scope}: {entry['detail']}")
         else:
             # Every directory of the container was just removed, and the kernel refuses
