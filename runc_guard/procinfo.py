@@ -27,7 +27,13 @@ DEAD = "dead"
 UNKNOWN = "unknown"
 
 
-def _stat_fields(pid: int, proc: str) -> list[str] | None:
+def _fields(raw: bytes) -> list[bytes]:
+    """The fields of a /proc/<pid>/stat line after ``(comm)``, which may hold spaces and ')'."""
+    close = raw.rfind(b")")
+    return raw[close + 2 :].split() if close >= 0 else []
+
+
+def _stat_fields(pid: int, proc: str) -> list[bytes] | None:
     """The fields after ``(comm)``; None only when the process is gone (ENOENT, ESRCH).
 
     Any other error (EMFILE, ENFILE, ENOMEM under the memory pressure runc-guard
@@ -36,11 +42,9 @@ def _stat_fields(pid: int, proc: str) -> list[str] | None:
     """
     try:
         with open(f"{proc}/{pid}/stat", "rb") as f:
-            raw = f.read()
+            return _fields(f.read())
     except (FileNotFoundError, ProcessLookupError):
         return None
-    # comm may hold spaces and parentheses: the fields start after the *last* ')'.
-    return raw[raw.rfind(b")") + 2 :].decode("ascii", "replace").split()
 
 
 def start_time(pid: int, proc: str = "/proc") -> int | None:
@@ -54,39 +58,49 @@ def start_time(pid: int, proc: str = "/proc") -> int | None:
         return None
 
 
-def _exiting(fields: list[str]) -> bool:
-    return fields[_STATE] in ("Z", "X", "x") or bool(int(fields[_FLAGS]) & PF_EXITING)
+def _exiting(fields: list[bytes]) -> bool:
+    return fields[_STATE] in (b"Z", b"X", b"x") or bool(int(fields[_FLAGS]) & PF_EXITING)
 
 
-def init_liveness(pid: int, start: int, proc: str = "/proc") -> str:
-    """ALIVE while ``pid`` is the process that started at ``start`` and is not exiting.
+def judge_stat(raw: bytes, start: int, exiting_is_dead: bool = True) -> str:
+    """Liveness from the bytes of ``/proc/<pid>/stat`` and the recorded start time (pure).
 
-    DEAD only on proof: the pid is gone (ENOENT/ESRCH), a zombie or exiting, or
-    another process now holds it (start time differs). A zombie init has exited
-    (runc's Status() calls it stopped too); its pid only waits for its parent
-    (the shim) to reap it. An init with PF_EXITING is dying: the init of a PID
-    namespace stays in do_exit() (zap_pid_ns_processes) until every other
-    process of its namespace is gone, which is exactly the slow teardown runc
-    1.1's ``delete --force`` blocks on for up to 10 s. A read that fails
-    otherwise, or a stat line we cannot parse, is UNKNOWN.
-    ``start == 0`` means the state did not record a start time: the pid alone counts.
+    DEAD for a zombie, or another start time (a recycled pid); with
+    ``exiting_is_dead`` also for a task in do_exit() (PF_EXITING). A line that
+    does not parse is UNKNOWN. ``start == 0``: no recorded start time, the pid
+    alone counts.
+    """
+    fields = _fields(raw)
+    if len(fields) <= _STARTTIME or not fields[_STARTTIME].isdigit() or not fields[_FLAGS].isdigit():
+        return UNKNOWN
+    if fields[_STATE] in (b"Z", b"X", b"x") or (exiting_is_dead and int(fields[_FLAGS]) & PF_EXITING):
+        return DEAD
+    return ALIVE if start == 0 or int(fields[_STARTTIME]) == start else DEAD
+
+
+def init_liveness(pid: int, start: int, proc: str = "/proc", *, exiting_is_dead: bool = True) -> str:
+    """ALIVE while ``pid`` is the process that started at ``start``; DEAD only on proof.
+
+    Proof is: the pid is gone (ENOENT/ESRCH), a zombie, another process now
+    holds it (start time differs), or, with ``exiting_is_dead`` (the delete's
+    view), it is exiting: the init of a PID namespace stays in do_exit()
+    (zap_pid_ns_processes) until every other process of its namespace is gone,
+    which is exactly the slow teardown runc 1.1's ``delete --force`` blocks on
+    for up to 10 s. A zombie init has exited (runc's Status() calls it stopped
+    too); its pid only waits for the shim to reap it. Any other read error
+    (EMFILE, ENFILE, ENOMEM, EACCES), a line that does not parse, or a pid that
+    is not one (0 or negative: a state written half) is UNKNOWN.
     """
     if pid <= 0:
-        return DEAD
-    try:
-        fields = _stat_fields(pid, proc)
-        if fields is None:
-            return DEAD
-        if _exiting(fields):
-            return DEAD
-        return ALIVE if start == 0 or int(fields[_STARTTIME]) == start else DEAD
-    except (OSError, IndexError, ValueError):
         return UNKNOWN
-
-
-def init_alive(pid: int, start: int, proc: str = "/proc") -> bool:
-    """True unless the init is provably dead: UNKNOWN counts as alive (touch nothing)."""
-    return init_liveness(pid, start, proc) != DEAD
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return DEAD
+    except OSError:
+        return UNKNOWN
+    return judge_stat(raw, start, exiting_is_dead)
 
 
 def dying(pid: int, proc: str = "/proc") -> bool:

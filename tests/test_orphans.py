@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from runc_guard.node import liveness
 from runc_guard.node.audit import NPD_PROBLEM, audit, judge
 from runc_guard.node.discovery import Discovery, add_orphans
 from runc_guard.node.orphans import (
@@ -45,6 +46,10 @@ def stat_line(pid: int, state: str, start: int) -> str:
 
 @pytest.fixture
 def proc(tmp_path: Path) -> str:
+    return fake_proc(tmp_path)
+
+
+def fake_proc(tmp_path: Path) -> str:
     """A fake /proc: a live init, a zombie, a recycled pid (other start time) and one shim."""
     root = tmp_path / "proc"
     for pid, state, start in ((LIVE_PID, "S", START), (ZOMBIE_PID, "Z", START), (REUSED_PID, "S", 999)):
@@ -69,8 +74,12 @@ def write_state(
     crun: bool = False,
     paths: dict[str, str] | None = None,
     age: float = 3600,
+    labels: list[str] | None = None,
 ) -> Path:
-    """A runc state.json (or crun status) as the runtime keeps it, aged ``age`` seconds."""
+    """A runc state.json (or crun status) as the runtime keeps it, aged ``age`` seconds.
+
+    runc's ``config.labels`` hold ``bundle=<dir>`` and every annotation (default: a plain bundle).
+    """
     directory = root / container_id
     directory.mkdir(parents=True)
     if crun:
@@ -88,6 +97,7 @@ def write_state(
             "cgroup_paths": paths
             if paths is not None
             else {h.mount.rsplit("/", 1)[-1]: f"{h.mount}/{POD}/{container_id}" for h in HIERARCHIES},
+            "config": {"labels": labels if labels is not None else [f"bundle=/srv/bundles/{container_id}"]},
         }
         name = "state.json"
     (directory / name).write_text(json.dumps(doc))
@@ -122,7 +132,8 @@ def orphans_for(
 
     bundles = tmp_path / "bundles"
     return Orphans(
-        roots=(str(tmp_path / "runc"), str(tmp_path / "flat")),
+        roots=(str(tmp_path / "runc"),),
+        named_roots=(str(tmp_path / "flat"),),
         has_bundle=lambda c: any((bundles / ns / c).exists() for ns in ("k8s.io", "moby")),
         configured_runtime="/bin/true",
         mounts=lambda: MOUNTS,
@@ -152,17 +163,25 @@ def test_find_states_flat_and_namespaced(tmp_path: Path) -> None:
     write_state(tmp_path / "flat", cid(4), DEAD_PID, crun=True)
     (tmp_path / "runc" / "k8s.io" / cid(5)).mkdir()  # runc made the dir, no state.json yet
     write_state(tmp_path / "flat", "bad:id", DEAD_PID)
-    found = find_states([str(tmp_path / "runc"), str(tmp_path / "flat"), str(tmp_path / "absent")])
-    assert sorted((s.container_id, s.namespace, s.root) for s in found) == [
-        (cid(1), "k8s.io", str(tmp_path / "runc" / "k8s.io")),
-        (cid(2), "moby", str(tmp_path / "runc" / "moby")),
-        (cid(3), "", str(tmp_path / "flat")),
-        (cid(4), "", str(tmp_path / "flat")),
+    write_state(tmp_path / "runc", cid(6), DEAD_PID)  # flat in containerd's root: not containerd's layout
+    found = find_states([str(tmp_path / "runc")], [str(tmp_path / "flat"), str(tmp_path / "absent")])
+    assert sorted((s.container_id, s.namespace, s.root, s.containerd_root) for s in found) == [
+        (cid(1), "k8s.io", str(tmp_path / "runc" / "k8s.io"), True),
+        (cid(2), "moby", str(tmp_path / "runc" / "moby"), True),
+        (cid(3), "", str(tmp_path / "flat"), False),
+        (cid(4), "", str(tmp_path / "flat"), False),
     ]
-    assert [s.root for s in states_of([str(tmp_path / "runc")], cid(1))] == [
-        str(tmp_path / "runc" / "k8s.io")
+    assert find_states([str(tmp_path / "runc")]) == [s for s in found if s.containerd_root]
+    assert [(s.root, s.containerd_root) for s in states_of([str(tmp_path / "runc")], cid(1))] == [
+        (str(tmp_path / "runc" / "k8s.io"), True)
     ]
-    assert states_of([str(tmp_path / "runc")], cid(3), str(tmp_path / "flat"))[0].namespace == ""
+    assert states_of([str(tmp_path / "runc")], cid(3)) == []
+    assert states_of([str(tmp_path / "runc")], cid(3), named_roots=[str(tmp_path / "flat")]) == [
+        StateDir(str(tmp_path / "flat"), cid(3))
+    ]
+    # A pending record's root: containerd's when it is a namespace of containerd's root.
+    assert states_of([str(tmp_path / "runc")], cid(3), str(tmp_path / "flat"))[0].containerd_root is False
+    assert states_of([str(tmp_path / "runc")], cid(1), str(tmp_path / "runc" / "k8s.io"))[0].containerd_root
     assert states_of([str(tmp_path / "runc")], "../x") == []
 
 
@@ -181,15 +200,16 @@ def test_live_shim_ids_from_cmdlines(proc: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("pid", "alive"),
-    [(DEAD_PID, False), (LIVE_PID, True), (ZOMBIE_PID, False), (REUSED_PID, False)],
+    ("pid", "init"),
+    [(DEAD_PID, "dead"), (LIVE_PID, "alive"), (ZOMBIE_PID, "dead"), (REUSED_PID, "dead")],
 )
-def test_read_state_facts_init(tmp_path: Path, proc: str, pid: int, alive: bool) -> None:
+def test_read_state_facts_init(tmp_path: Path, proc: str, pid: int, init: str) -> None:
     """The init counts as alive only as the same, non-zombie process (pid + start time)."""
     directory = write_state(tmp_path / "flat", cid(1), pid)
     state = StateDir(str(tmp_path / "flat"), cid(1))
     facts = read_state_facts(state, lambda _c: False, frozenset(), lambda: MOUNTS, proc)
-    assert (facts.kind, facts.error, facts.init_pid, facts.init_alive) == ("runc", None, pid, alive)
+    assert (facts.kind, facts.error, facts.init_pid, facts.init) == ("runc", None, pid, init)
+    assert facts.owner == "named_root"
     assert facts.cgroup_paths == tuple(sorted(f"{h.mount}/{POD}/{cid(1)}" for h in HIERARCHIES))
     assert facts.modified == pytest.approx(os.lstat(directory).st_mtime) == NOW - 3600
 
@@ -200,7 +220,8 @@ def test_read_state_facts_crun_and_unreadable(tmp_path: Path, proc: str) -> None
     crun = read_state_facts(
         StateDir(str(tmp_path / "flat"), cid(1)), lambda _c: False, frozenset(), lambda: MOUNTS, proc
     )
-    assert crun.kind == "crun" and crun.error is None and not crun.init_alive
+    assert crun.kind == "crun" and crun.error is None and crun.init == "dead"
+    assert crun.owner == "unknown", "no config.json beside crun's status: nothing tells the owner"
     assert crun.cgroup_paths == tuple(sorted(f"{m}/{POD}/{cid(1)}" for m in MOUNTS))
     (tmp_path / "flat" / cid(2)).mkdir()
     (tmp_path / "flat" / cid(2) / "state.json").write_text("{}")
@@ -219,25 +240,37 @@ def facts_with(**changes: object) -> StateFacts:
         "kind": "runc",
         "error": None,
         "init_pid": DEAD_PID,
-        "init_alive": False,
+        "init": liveness.DEAD,
         "has_bundle": False,
         "shim_alive": False,
         "modified": NOW - 61,
+        "owner": "containerd",
     }
     base.update(changes)
     return StateFacts(**base)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
-    ("error", "alive", "bundle", "shim", "young"), list(itertools.product([False, True], repeat=5))
+    ("error", "owner", "init", "bundle", "shim", "young"),
+    list(
+        itertools.product(
+            [False, True],
+            ["containerd", "named_root", "foreign:podman", "unknown"],
+            ["dead", "alive", "unknown"],
+            [False, True],
+            [False, True],
+            [False, True],
+        )
+    ),
 )
 def test_judge_orphan_only_when_every_condition_holds(
-    error: bool, alive: bool, bundle: bool, shim: bool, young: bool
+    error: bool, owner: str, init: str, bundle: bool, shim: bool, young: bool
 ) -> None:
-    """Every combination: orphan iff readable, init dead, no bundle, no shim, old; else the first reason."""
+    """Every combination: orphan iff readable, ours, init dead, no bundle, no shim, old; else why not."""
     facts = facts_with(
         error="bad" if error else None,
-        init_alive=alive,
+        owner=owner,
+        init=init,
         has_bundle=bundle,
         shim_alive=shim,
         modified=NOW - 10 if young else NOW - 60,
@@ -248,7 +281,10 @@ def test_judge_orphan_only_when_every_condition_holds(
             reason
             for reason, flag in (
                 ("unreadable", error),
-                ("alive", alive),
+                ("foreign", owner.startswith("foreign:")),
+                ("owner_unknown", owner == "unknown"),
+                ("init_unknown", init == "unknown"),
+                ("alive", init == "alive"),
                 ("bundle", bundle),
                 ("shim", shim),
                 ("too_young", young),
@@ -263,7 +299,7 @@ def test_judge_orphan_only_when_every_condition_holds(
 def test_decide_redrives_orphaned_state_even_without_cgroups() -> None:
     """Orphaned state is re-driven (dirs gone or populated alike); live or unknown state keeps the unit."""
     orphan = facts_with()
-    alive = facts_with(init_alive=True)
+    alive = facts_with(init=liveness.ALIVE)
     assert decide(UnitFacts(("a",), (), True, False, NOW - 61, states=(orphan,)), NOW, 60).reason == (
         "orphan_state"
     )

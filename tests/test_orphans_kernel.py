@@ -160,6 +160,8 @@ def ctl(tmp_path: Path, orphan: Orphan, command: str, *args: str) -> subprocess.
         str(tmp_path / "bundles"),
         "--state-root",
         str(tmp_path / "flat"),
+        "--orphan-root",  # a flat root is judged only when named (containerd's is namespaced)
+        str(tmp_path / "flat"),
         "--min-age",
         "0",
         "--format",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from runc_guard.procinfo import init_alive, start_time
+from runc_guard.procinfo import ALIVE, DEAD, UNKNOWN, init_liveness, start_time
 
 
 def _fake_proc(tmp_path: object, pid: int, stat: str) -> str:
@@ -27,8 +27,8 @@ def test_start_time_of_this_process_is_stable() -> None:
     me = os.getpid()
     first = start_time(me)
     assert first is not None and first == start_time(me)
-    assert init_alive(me, first)
-    assert not init_alive(me, first + 1)
+    assert init_liveness(me, first) == ALIVE
+    assert init_liveness(me, first + 1) == DEAD
 
 
 def test_reaped_process_is_not_alive() -> None:
@@ -37,31 +37,43 @@ def test_reaped_process_is_not_alive() -> None:
     started = start_time(child.pid)
     child.wait()
     assert started is not None
-    assert not init_alive(child.pid, started)
+    assert init_liveness(child.pid, started) == DEAD
 
 
 def test_comm_with_parentheses_and_spaces(tmp_path: object) -> None:
     """comm may contain ') (' : the fields are read after the last ')'."""
     proc = _fake_proc(tmp_path, 42, _stat_line("a) (b c", "S", 12345))
     assert start_time(42, proc) == 12345
-    assert init_alive(42, 12345, proc)
+    assert init_liveness(42, 12345, proc) == ALIVE
 
 
 def test_zombie_is_not_alive(tmp_path: object) -> None:
     """A zombie init has exited: runc's Status() says stopped, so do we."""
     proc = _fake_proc(tmp_path, 42, _stat_line("sh", "Z", 7))
-    assert not init_alive(42, 7, proc)
+    assert init_liveness(42, 7, proc) == DEAD
 
 
 def test_recycled_pid_is_not_alive(tmp_path: object) -> None:
     """Same pid, other start time: another process, not the container's init."""
     proc = _fake_proc(tmp_path, 42, _stat_line("sh", "S", 8))
-    assert not init_alive(42, 7, proc)
-    assert init_alive(42, 0, proc), "no recorded start time: the pid alone counts"
+    assert init_liveness(42, 7, proc) == DEAD
+    assert init_liveness(42, 0, proc) == ALIVE, "no recorded start time: the pid alone counts"
 
 
-def test_non_positive_pids_are_never_alive() -> None:
-    """pid 0 (outside our PID namespace in cgroup.procs) and negatives are never looked up."""
-    assert not init_alive(0, 0)
-    assert not init_alive(-1, 0)
+def test_non_positive_pids_are_unknown() -> None:
+    """pid 0 (outside our PID namespace in cgroup.procs, or a state written half) and negatives are
+    never looked up, and prove nothing: unknown, never dead."""
+    assert init_liveness(0, 0) == UNKNOWN
+    assert init_liveness(-1, 0) == UNKNOWN
     assert start_time(0) is None
+
+
+def test_a_read_error_is_unknown_and_an_exiting_init_is_dead_for_the_delete_only(tmp_path: object) -> None:
+    """EISDIR (any error but ENOENT/ESRCH) proves nothing: unknown. PF_EXITING is dead for the delete
+    (it must not wait on a namespace's dying init) and alive for the sweep (the next one sees it)."""
+    os.makedirs(os.path.join(str(tmp_path), "43", "stat"))
+    assert init_liveness(43, 7, str(tmp_path)) == UNKNOWN
+    exiting = _stat_line("sh", "S", 7).replace(" S 0 0 0 0 0 0 ", " S 0 0 0 0 0 4 ", 1)
+    proc = _fake_proc(tmp_path, 42, exiting)
+    assert init_liveness(42, 7, proc) == DEAD
+    assert init_liveness(42, 7, proc, exiting_is_dead=False) == ALIVE

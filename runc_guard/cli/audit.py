@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from runc_guard.cli.scan import Where, runtime_dirs, scan, scan_options
+from runc_guard.cli.scan import Where, require_host_pid_namespace, runtime_dirs, scan, scan_options
 from runc_guard.delete.cgroupfs import RealCgroupFs, cgroup_mounts
 from runc_guard.errors import NoCgroupHierarchy, RuncGuardError
 from runc_guard.node.audit import (
@@ -61,6 +61,7 @@ def run_audit(
     config_error: str | None = None,
 ) -> tuple[AuditReport, int, float]:
     """Scan, classify and judge; returns the report, the NPD exit code and the time."""
+    require_host_pid_namespace("audit")
     fs = RealCgroupFs()
     now = time.time()
     runtime = runtime_dirs(settings, where)
@@ -153,6 +154,8 @@ def _print_text(report: AuditReport, quiet: bool) -> None:
             f"orphaned runtime state: {orphan['state_dir']} (init {orphan['init_pid']} dead, "
             f"{orphan['age_seconds']:g}s old)"
         )
+    for left in report.states_left_alone:
+        click.echo(f"left alone: runtime state {left['state_dir']} ({left['verdict']}, {left['owner']})")
     for path, why in sorted(report.state_errors.items()):
         click.echo(f"orphaned runtime state {path}: {why}")
     for record in report.pending:
@@ -197,12 +200,14 @@ def audit_cmd(
 
     Exit status follows Node Problem Detector's custom plugins: 0 OK, 1 problem
     (leaked cgroups, orphaned runtime state, stale or unusable pending records), 2 unknown (the audit
-    could not run); the first output line is the message.
+    could not run, e.g. from a PID namespace that is not the runtime's); the first output line is
+    the message.
     """
     try:
         settings, config_error, report, code, now = audit_leniently(where, max_leaked, pending_max_age)
     except RuncGuardError as exc:
         click.echo(f"UNKNOWN: {exc}")
+        click.echo(f"runc-guardctl audit: {exc}", err=True)
         raise SystemExit(NPD_UNKNOWN) from None
     except Exception as exc:  # noqa: BLE001 -- a bug must read "unknown" to NPD, never "problem" (exit 1)
         click.echo(traceback.format_exc(), err=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -135,6 +136,166 @@ def route_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+# -- the kernel's features (what runc-guard relies on, and what degrades without each) --------
+
+
+@dataclass(frozen=True)
+class KernelFeature:
+    """One kernel feature: since which Linux, what uses it, what happens without it."""
+
+    name: str
+    since: str
+    used_for: str
+    without: str
+
+
+#: Found by reading the delete path and the node tools (os.pidfd_open, signal.pidfd_send_signal,
+#: select.poll on cgroup.events, /proc/pressure, cgroup.stat) and what the runtimes use.
+KERNEL_FEATURES = (
+    KernelFeature(
+        "pidfd_open", "5.3",
+        "delete: wait for the runtime child's exit; pin a straggler before killing it",
+        "stragglers are killed by pid after a start-time check (as runc does) and exits are polled",
+    ),
+    KernelFeature(
+        "pidfd_send_signal", "5.1",
+        "delete: signal a straggler through its pidfd (no recycled-pid race)",
+        "as without pidfd_open: kill by pid after a start-time check",
+    ),
+    KernelFeature(
+        "cgroup.events", "4.5 (cgroup v2 only)",
+        "delete: wake the moment a cgroup empties (POLLPRI on populated 0)",
+        "emptiness is polled every poll interval (cgroup v1 always works this way)",
+    ),
+    KernelFeature(
+        "cgroup.kill", "5.14 (cgroup v2 only)",
+        "not by runc-guard; crun kills a container through it",
+        "the runtime signals every process itself; runc-guard is unaffected",
+    ),
+    KernelFeature(
+        "cgroup.stat", "4.14 (cgroup v2 only)",
+        "metrics: nr_dying_descendants, the cgroups the kernel has not freed yet",
+        "no dying-cgroup gauge (v1: /proc/cgroups counts only)",
+    ),
+    KernelFeature(
+        "PSI", "4.20 (CONFIG_PSI, not psi=0)",
+        "sweep --pacing adaptive: /proc/pressure stall shares",
+        "the pace follows the canary, rmdir latency and sys% only",
+    ),
+)
+
+
+def _probe(call: Any) -> tuple[bool | None, str]:
+    """True when ``call()`` works, False on ENOSYS (no such syscall), None when refused otherwise."""
+    import errno
+
+    try:
+        call()
+    except OSError as exc:
+        return (False if exc.errno == errno.ENOSYS else None), exc.strerror or str(exc)
+    return True, ""
+
+
+def _pidfd_open_self() -> None:
+    os.close(os.pidfd_open(os.getpid()))
+
+
+def _pidfd_send_signal_self() -> None:
+    """Signal 0 to ourselves through a /proc/<pid> directory fd, which pidfd_send_signal also takes."""
+    import signal
+
+    fd = os.open(f"/proc/{os.getpid()}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        signal.pidfd_send_signal(fd, 0)
+    finally:
+        os.close(fd)
+
+
+def _version(text: str) -> tuple[int, int] | None:
+    """(major, minor) of ``5.14`` or ``6.1.0-18-amd64``; None when it is neither."""
+    parts = text.split(".")
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1].split("-")[0] if c.isdigit()) or "x")
+    except (IndexError, ValueError):
+        return None
+
+
+def kernel_at_least(since: str, release: str) -> bool | None:
+    """Whether ``release`` (uname -r) is at least the ``major.minor`` that ``since`` starts with."""
+    want, have = _version(since.split(maxsplit=1)[0]), _version(release)
+    return None if want is None or have is None else have >= want
+
+
+def _v2_child(mounts: dict[str, str]) -> str | None:
+    """A non-root cgroup of a cgroup2 mount (control files like cgroup.events are not on the root)."""
+    for mount, fstype in sorted(mounts.items()):
+        if fstype != "cgroup2":
+            continue
+        try:
+            with os.scandir(mount) as it:
+                for entry in it:
+                    if entry.is_dir(follow_symlinks=False):
+                        return entry.path
+        except OSError:
+            continue
+    return None
+
+
+def kernel_report(
+    mounts: dict[str, str], pressure_dir: str = "/proc/pressure", release: str | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Each feature runc-guard relies on, probed on this kernel; and one warning per missing one.
+
+    ``present`` is True, False, or None (cannot tell: no cgroup2 mounted, or a
+    probe refused by a seccomp filter). Missing features degrade, never stop,
+    runc-guard: they are warnings, not problems (doctor's exit status is unchanged).
+    """
+    release = os.uname().release if release is None else release
+    child = _v2_child(mounts)
+    has_v2 = "cgroup2" in mounts.values()
+    found: dict[str, tuple[bool | None, str]] = {
+        "pidfd_open": _probe(_pidfd_open_self),
+        "pidfd_send_signal": _probe(_pidfd_send_signal_self),
+        "PSI": (os.path.exists(os.path.join(pressure_dir, "cpu")), ""),
+    }
+    for feature in KERNEL_FEATURES:
+        if feature.name.startswith("cgroup."):
+            if not has_v2:
+                found[feature.name] = (False, "no cgroup2 mounted")
+            elif child is not None:
+                found[feature.name] = (os.path.exists(os.path.join(child, feature.name)), f"in {child}")
+            else:  # only the root cgroup, which has none of the per-cgroup files: tell by version
+                by_version = kernel_at_least(feature.since, release)
+                found[feature.name] = (by_version, f"by kernel version {release}")
+    features: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    for feature in KERNEL_FEATURES:
+        state, detail = found[feature.name]
+        entry = {"name": feature.name, "since": feature.since, "present": state,
+                 "used_for": feature.used_for, "without": feature.without}
+        if detail:
+            entry["detail"] = detail
+        features.append(entry)
+        if state is not True:
+            what = "missing" if state is False else "cannot tell"
+            warnings.append(f"kernel: {feature.name} {what} (Linux {feature.since}): {feature.without}")
+    return features, warnings
+
+
+def print_kernel(features: list[dict[str, Any]]) -> None:
+    """doctor's kernel section: one line per feature."""
+    release = os.uname().release
+    for entry in features:
+        state = {True: "yes", False: "MISSING", None: "unknown"}[entry["present"]]
+        line = f"kernel {release}: {entry['name']:<18} {state}"
+        if entry["present"] is not True:
+            line += f" -> {entry['without']}"
+        click.echo(line)
+
+
+# -- end of the kernel's features ----------------------------------------------------------------
+
+
 def diagnose(
     invoked_as: str,
     containerd_config: str = DEFAULT_CONTAINERD_CONFIG,
@@ -183,6 +344,8 @@ def diagnose(
     driver, driver_problems = cgroup_driver_report(containerd_config, runtime_root)
     report["cgroup_driver"] = driver
     problems.extend(driver_problems)
+    report["kernel"], kernel_warnings = kernel_report(mounts)
+    report["warnings"] = [*report.get("warnings", []), *kernel_warnings]
     report["problems"] = problems
     return report, problems
 
@@ -209,9 +372,11 @@ def diagnose(
 )
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def doctor(invoked_as: str, containerd_config: str, runtime_root: str, fmt: str) -> None:
-    """Show the runtime runc-guard would run and its effective settings.
+    """Show the runtime runc-guard would run, its effective settings, and the kernel's features.
 
     Exit status 0 when healthy, 1 when a problem was found (each is listed).
+    A kernel feature that is missing is a warning: runc-guard degrades (README,
+    "Minimum kernel"), it does not stop.
     """
     report, problems = diagnose(invoked_as, containerd_config, runtime_root)
     if fmt == "json":
@@ -233,6 +398,7 @@ def doctor(invoked_as: str, containerd_config: str, runtime_root: str, fmt: str)
         if "containerd_routes" in report:
             for line in route_lines(report["containerd_routes"]):
                 click.echo(line)
+        print_kernel(report["kernel"])
         for warning in report.get("warnings", []):
             click.echo(f"WARNING: {warning}")
         for problem in problems:

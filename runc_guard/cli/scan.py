@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -30,7 +31,8 @@ class Where(Value):
     """Where sweep, audit and metrics look: the options they share, as one value."""
 
     __slots__ = (
-        "bundle_root", "cgroup_root", "kubepods", "min_age", "orphans", "runtime_root", "state_roots",
+        "bundle_root", "cgroup_root", "kubepods", "min_age", "orphan_roots", "orphans", "runtime_root",
+        "state_roots",
     )
     cgroup_root: str
     kubepods: tuple[str, ...]
@@ -39,6 +41,8 @@ class Where(Value):
     state_roots: tuple[str, ...]
     orphans: bool
     min_age: float
+    #: Roots besides containerd's whose state is judged (and re-driven by the sweep).
+    orphan_roots: tuple[str, ...]
 
     def __init__(
         self,
@@ -49,6 +53,7 @@ class Where(Value):
         state_roots: tuple[str, ...],
         orphans: bool,
         min_age: float,
+        orphan_roots: tuple[str, ...] = (),
     ) -> None:
         self._init(locals())
 
@@ -74,18 +79,26 @@ def scan_options(func: F) -> F:
                           "[default: kubepods and kubepods.slice]"),
         click.option("--runtime-root", default=DEFAULT_RUNTIME_ROOT, show_default=True,
                      type=click.Path(file_okay=False),
-                     help="runc's state root holding <namespace>/<id>: a container with state is kept."),
+                     help="containerd's runc state root holding <namespace>/<id>: a container with "
+                          "state is kept; state whose init is dead is judged (--orphans)."),
         click.option("--bundle-root", default=DEFAULT_BUNDLE_ROOT, show_default=True,
                      type=click.Path(file_okay=False),
                      help="containerd's task bundles <namespace>/<id>: a container with a bundle is kept."),
         click.option("--state-root", "state_roots", multiple=True,
                      default=DEFAULT_FLAT_ROOTS, show_default=True, type=click.Path(file_okay=False),
                      help="Flat runtime state root holding <id> (runc's /run/runc, crun's /run/crun); "
-                          "repeatable. State there keeps its container like --runtime-root's."),
+                          "repeatable. State there keeps its container like --runtime-root's, but is "
+                          "never judged: podman, CRI-O and plain runc keep theirs there."),
+        click.option("--orphan-root", "orphan_roots", multiple=True, type=click.Path(file_okay=False),
+                     metavar="DIR",
+                     help="Also judge runtime state under DIR (<id> or <namespace>/<id>); repeatable. "
+                          "State showing another manager (podman, CRI-O annotations or bundles) or "
+                          "naming no bundle or annotation at all is still never touched."),
         click.option("--orphans/--no-orphans", default=True, show_default=True,
-                     help="Judge runtime state whose init is dead, with no containerd bundle and no "
-                          "live shim: an orphan (sweep re-runs the runtime's delete --force, audit "
-                          "reports it). --no-orphans: any runtime state keeps its container."),
+                     help="Judge runtime state in containerd's root (and --orphan-root) whose init is "
+                          "dead, with no containerd bundle and no live shim: an orphan (sweep re-runs "
+                          "the runtime's delete --force, audit reports it). --no-orphans: any runtime "
+                          "state keeps its container."),
         click.option("--min-age", default=DEFAULT_MIN_AGE, show_default=True,
                      type=click.FloatRange(min=0), metavar="SECONDS",
                      help="Keep cgroups and runtime state younger than this (a container being "
@@ -105,7 +118,8 @@ def runtime_dirs(
     if not where.orphans:
         return plain
     judge = Orphans(
-        roots=(where.runtime_root, *where.state_roots),
+        roots=(where.runtime_root,),
+        named_roots=tuple(where.orphan_roots),
         has_bundle=plain.has_bundle,
         configured_runtime=settings.runtime,
         mounts=cgroup_mounts,
@@ -113,6 +127,24 @@ def runtime_dirs(
         timeout=redrive_timeout,
     )
     return RuntimeDirs(where.runtime_root, where.bundle_root, tuple(where.state_roots), judge)
+
+
+def require_host_pid_namespace(command: str, proc: str = "/proc") -> None:
+    """Refuse (ForeignPidNamespace, exit 77) unless this process sees the runtime's PID namespace.
+
+    Every liveness judgement and every cgroup v1 ``cgroup.procs`` read is wrong
+    from another PID namespace (node/pidns.py). The refusal is logged to the
+    journal too: a sweeper that never runs must not stay silent.
+    """
+    from runc_guard.journal import send_minimal
+    from runc_guard.node.pidns import ForeignPidNamespace, pid_namespace_view, refusal
+
+    view = pid_namespace_view(proc)
+    if view.trusted:
+        return
+    message = refusal(command, view)
+    send_minimal(os.environ, f"{command}_refused", message, 3)  # LOG_ERR
+    raise ForeignPidNamespace(message)
 
 
 def scan(settings: Settings, where: Where, fs: RealCgroupFs, runtime: RuntimeDirs) -> Discovery:

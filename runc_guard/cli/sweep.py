@@ -13,7 +13,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from runc_guard.cli.scan import F, Where, runtime_dirs, scan, scan_options
+from runc_guard.cli.scan import F, Where, require_host_pid_namespace, runtime_dirs, scan, scan_options
 from runc_guard.delete.cgroupfs import RealCgroupFs
 from runc_guard.node.orphans import DEFAULT_REDRIVE_TIMEOUT
 from runc_guard.node.pacing import PACING_MODES, PacingSettings
@@ -170,11 +170,19 @@ def sweep(
     `delete --force` for it (the pending record's runtime, else settings'
     runtime; crun for crun's state), then removes what is left as above.
 
+    Only containerd's state is re-driven: its namespaced root (--runtime-root),
+    plus roots named with --orphan-root, where state showing another manager
+    (podman, CRI-O) or naming no owner at all is left alone. The flat roots
+    (--state-root: /run/runc, /run/crun) only keep their containers.
+
     Try --dry-run first. Exit status 0 when the sweep ran (kept cgroups and
     errors are reported, not fatal); non-zero only when it could not run: 66 no
-    cgroup hierarchy, 75 another sweep is running, 78 bad settings.
+    cgroup hierarchy, 75 another sweep is running, 77 run from a PID namespace
+    that is not the runtime's (every init would look dead: run it on the host
+    or with hostPID), 78 bad settings.
     """
     _warn_fixed_only(click.get_current_context(), pacing["pacing"])
+    require_host_pid_namespace("sweep")
     settings = load_settings()
     fs = RealCgroupFs()
     runtime = runtime_dirs(settings, where, redrive_timeout)

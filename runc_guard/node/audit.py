@@ -22,7 +22,7 @@ from runc_guard.delete.cgroupfs import CgroupFsOps
 from runc_guard.delete.systemd_scope import release_failed_scopes
 from runc_guard.node.discovery import Discovery, pod_uid_of
 from runc_guard.node.metrics import Family
-from runc_guard.node.orphans import ORPHAN, VERDICTS
+from runc_guard.node.orphans import LEFT_ALONE, ORPHAN, VERDICTS
 from runc_guard.node.orphans import judge as judge_state
 from runc_guard.node.sweep import RuntimeDirs, decide, read_facts
 
@@ -63,6 +63,8 @@ class AuditReport:
     orphaned_states: list[dict[str, Any]] = field(default_factory=list)
     #: Orphaned state whose cgroup paths are unsafe to act on.
     state_errors: dict[str, str] = field(default_factory=dict)
+    #: State never touched on purpose: another manager's, an owner or an init that cannot be told.
+    states_left_alone: list[dict[str, Any]] = field(default_factory=list)
     #: Every runtime state directory looked at, by verdict (alive, bundle, shim, too_young, orphan ...).
     state_verdicts: dict[str, int] = field(default_factory=dict)
     runtime: dict[str, str] = field(default_factory=dict)
@@ -196,6 +198,16 @@ def audit(
     for state in discovery.states:
         state_verdict = judge_state(state, now, min_age)
         report.state_verdicts[state_verdict] = report.state_verdicts.get(state_verdict, 0) + 1
+        if state_verdict in LEFT_ALONE:
+            report.states_left_alone.append(
+                {
+                    "container_id": state.state.container_id,
+                    "state_dir": state.state.path,
+                    "verdict": state_verdict,
+                    "owner": state.owner,
+                    "init_pid": state.init_pid,
+                }
+            )
         if state_verdict == ORPHAN:
             report.orphaned_states.append(
                 {

@@ -5,9 +5,12 @@ cgroup) so that the delete can be re-run, and containerd's dead-shim cleanup
 never re-runs it (it only logs ``failed to remove runc container``); the CRI's
 dead-shim path does not even call ``delete`` for a pod's containers. Such
 state keeps its cgroups "in use" for the sweep forever. A state is an orphan
-when its init is dead (pid gone, a zombie, or its start time changed: runc's
-own ``Status()`` test, :func:`procinfo.init_alive`), no containerd bundle and
-no live shim owns it, and it is older than ``min_age``.
+when containerd owns it (it lies in containerd's namespaced root, or in a root
+the operator named and shows no other manager: :mod:`node.ownership`), its
+init is provably dead (pid gone, a zombie, or its start time changed: runc's
+own ``Status()`` test; a ``/proc`` that cannot be read is not proof:
+:mod:`node.liveness`), no containerd bundle and no live shim owns it, and it
+is older than ``min_age``.
 
 Read (:func:`find_states`, :func:`read_state_facts`, :func:`live_shim_ids`),
 decide (:func:`judge`, pure) and act (:func:`redrive`) are apart. Acting is
@@ -29,10 +32,12 @@ from typing import Any
 
 from runc_guard.delete.state import read_state
 from runc_guard.errors import RuncGuardError
-from runc_guard.procinfo import init_alive
+from runc_guard.node import liveness, ownership
 from runc_guard.shim.argv import valid_container_id
 
 #: Flat state roots (``<root>/<id>``): runc's and crun's defaults when run by hand or by CRI-O/podman.
+#: Shared with other managers: state there keeps its container's cgroups, but is never
+#: judged or re-driven unless a root is named explicitly (``Orphans.named_roots``).
 DEFAULT_FLAT_ROOTS = ("/run/runc", "/run/crun")
 #: runc 1.1's ``delete --force`` alone may poll 10 s for an init in its own PID namespace.
 DEFAULT_REDRIVE_TIMEOUT = 30.0
@@ -41,7 +46,16 @@ MAX_OUTPUT = 4000
 
 #: judge()'s verdicts: only ORPHAN is acted on.
 ORPHAN = "orphan"
-VERDICTS = ("unreadable", "alive", "bundle", "shim", "too_young", ORPHAN)
+#: Another manager's state (podman, CRI-O ...), or one whose owner cannot be told: never touched.
+FOREIGN = "foreign"
+OWNER_UNKNOWN = "owner_unknown"
+#: ``/proc`` could not say whether the init lives: never touched.
+INIT_UNKNOWN = "init_unknown"
+VERDICTS = (
+    "unreadable", FOREIGN, OWNER_UNKNOWN, INIT_UNKNOWN, "alive", "bundle", "shim", "too_young", ORPHAN,
+)
+#: Verdicts the audit lists as left alone on purpose (the operator may want to look).
+LEFT_ALONE = (FOREIGN, OWNER_UNKNOWN, INIT_UNKNOWN)
 
 RUNC_STATE = "state.json"
 CRUN_STATE = "status"
@@ -58,6 +72,8 @@ class StateDir:
     container_id: str
     #: containerd namespace (``<top>/<ns>/<id>`` layout), "" for a flat root.
     namespace: str = ""
+    #: ``root`` is a namespace of containerd's runtime root: the location proves containerd owns it.
+    containerd_root: bool = False
 
     @property
     def path(self) -> str:
@@ -81,16 +97,27 @@ def _subdirs(path: str) -> list[str]:
         return []
 
 
-def find_states(roots: Iterable[str]) -> list[StateDir]:
-    """Every state directory under ``roots``, flat (``<root>/<id>``) or containerd's ``<root>/<ns>/<id>``.
+def find_states(containerd_roots: Iterable[str], named_roots: Iterable[str] = ()) -> list[StateDir]:
+    """Every state directory under containerd's runtime roots and the roots the operator named.
 
-    The layout is told per entry: a directory holding ``state.json``/``status``
-    is a container; any other directory is a namespace whose children are looked at.
-    A directory runc made but has not written state into yet (a container being
-    created) is neither, and is skipped.
+    containerd's shim always runs its runtime with ``--root <runtime root>/<ns>``,
+    so only ``<root>/<ns>/<id>`` there is containerd's (anything directly in the
+    root is not). In a named root the layout is told per entry: a directory
+    holding ``state.json``/``status`` is a container; any other directory is a
+    namespace whose children are looked at. A directory runc made but has not
+    written state into yet (a container being created) is neither, and is skipped.
     """
     found: list[StateDir] = []
-    for root in dict.fromkeys(os.path.normpath(r) for r in roots):
+    containerd = list(dict.fromkeys(os.path.normpath(r) for r in containerd_roots))
+    for root in containerd:
+        for name in _subdirs(root):
+            path = os.path.join(root, name)
+            for cid in _subdirs(path):
+                if valid_container_id(cid) and _state_kind(os.path.join(path, cid)) is not None:
+                    found.append(StateDir(path, cid, name, containerd_root=True))
+    for root in dict.fromkeys(os.path.normpath(r) for r in named_roots):
+        if root in containerd:
+            continue
         for name in _subdirs(root):
             path = os.path.join(root, name)
             if _state_kind(path) is not None:
@@ -103,20 +130,38 @@ def find_states(roots: Iterable[str]) -> list[StateDir]:
     return found
 
 
-def states_of(roots: Iterable[str], container_id: str, extra_root: str | None = None) -> list[StateDir]:
-    """The state directories of one container id in any of ``roots`` (flat or namespaced)."""
+def states_of(
+    containerd_roots: Iterable[str],
+    container_id: str,
+    extra_root: str | None = None,
+    named_roots: Iterable[str] = (),
+) -> list[StateDir]:
+    """The state directories of one container id in containerd's roots, named roots and ``extra_root``.
+
+    ``extra_root`` is the ``--root`` a pending record names (the delete runc-guard
+    was asked to do): containerd's when it is a namespace of a containerd root.
+    """
     if not valid_container_id(container_id):
         return []
     found: list[StateDir] = []
-    tops = list(dict.fromkeys(os.path.normpath(r) for r in roots))
-    candidates = {os.path.normpath(extra_root): ""} if extra_root else {}
-    for top in tops:
-        candidates.setdefault(top, "")
+    containerd = list(dict.fromkeys(os.path.normpath(r) for r in containerd_roots))
+    candidates: dict[str, tuple[str, bool]] = {}
+    for top in containerd:
         for ns in _subdirs(top):
-            candidates.setdefault(os.path.join(top, ns), ns)
-    for root, namespace in candidates.items():
+            candidates.setdefault(os.path.join(top, ns), (ns, True))
+    if extra_root:
+        root = os.path.normpath(extra_root)
+        parent = os.path.dirname(root)
+        candidates.setdefault(root, (os.path.basename(root), True) if parent in containerd else ("", False))
+    for top in dict.fromkeys(os.path.normpath(r) for r in named_roots):
+        if top in containerd:
+            continue
+        candidates.setdefault(top, ("", False))
+        for ns in _subdirs(top):
+            candidates.setdefault(os.path.join(top, ns), (ns, False))
+    for root, (namespace, in_containerd) in candidates.items():
         if _state_kind(os.path.join(root, container_id)) is not None:
-            found.append(StateDir(root, container_id, namespace))
+            found.append(StateDir(root, container_id, namespace, in_containerd))
     return found
 
 
@@ -158,12 +203,15 @@ class StateFacts:
     #: Why the state could not be parsed (then nothing is known about its init).
     error: str | None
     init_pid: int
-    init_alive: bool
+    #: ``alive``, ``dead`` or ``unknown`` (:mod:`node.liveness`): only ``dead`` is acted on.
+    init: str
     has_bundle: bool
     shim_alive: bool
     #: Newest mtime of the directory and its state file (runc rewrites state.json on every change).
     modified: float
     cgroup_paths: tuple[str, ...] = ()
+    #: :func:`ownership.owner_of`: containerd, named_root, foreign:<manager> or unknown.
+    owner: str = ownership.UNKNOWN
 
 
 def _mtime(path: str) -> float:
@@ -180,7 +228,7 @@ def read_state_facts(
     mounts: Callable[[], Mapping[str, str]],
     proc: str = "/proc",
 ) -> StateFacts:
-    """Parse the state with :func:`state.read_state` and look at its init, bundle and shim."""
+    """Parse the state with :func:`state.read_state` and look at its owner, init, bundle and shim."""
     kind = "runc" if os.path.exists(os.path.join(state.path, RUNC_STATE)) else "crun"
     modified = max(
         _mtime(state.path),
@@ -191,17 +239,18 @@ def read_state_facts(
     try:
         parsed = read_state(state.root, state.container_id, mounts)
     except RuncGuardError as exc:
-        return StateFacts(state, kind, str(exc), 0, False, bundle, shim, modified)
+        return StateFacts(state, kind, str(exc), 0, liveness.UNKNOWN, bundle, shim, modified)
     return StateFacts(
         state,
         kind,
         None,
         parsed.init_pid,
-        init_alive(parsed.init_pid, parsed.init_start, proc),
+        liveness.init_liveness(parsed.init_pid, parsed.init_start, proc),
         bundle,
         shim,
         modified,
         tuple(sorted(set(parsed.cgroup_paths.values()))),
+        ownership.owner_of(parsed.labels, state.containerd_root),
     )
 
 
@@ -209,13 +258,21 @@ def read_state_facts(
 
 
 def judge(facts: StateFacts, now: float, min_age: float) -> str:
-    """``orphan`` only when the init is provably dead and nothing owns the state; else why not.
+    """``orphan`` only when containerd owns the state, its init is provably dead and nothing holds it.
 
-    Unreadable state says nothing about its init, so it is kept like live state.
+    Unreadable state says nothing about its init, so it is kept like live state;
+    so is another manager's state, state whose owner cannot be told, and state
+    whose init ``/proc`` could not judge (:mod:`node.liveness`).
     """
     if facts.error is not None:
         return "unreadable"
-    if facts.init_alive:
+    if facts.owner.startswith(ownership.FOREIGN):
+        return FOREIGN
+    if ownership.untouchable(facts.owner):
+        return OWNER_UNKNOWN
+    if facts.init == liveness.UNKNOWN:
+        return INIT_UNKNOWN
+    if facts.init != liveness.DEAD:
         return "alive"
     if facts.has_bundle:
         return "bundle"
@@ -308,6 +365,7 @@ class Orphans:
     a parameter so unit tests never start a real runtime.
     """
 
+    #: containerd's runtime roots (``<root>/<ns>/<id>``): judged, the location proves the owner.
     roots: tuple[str, ...]
     has_bundle: Callable[[str], bool]
     configured_runtime: str
@@ -317,17 +375,19 @@ class Orphans:
     proc: str = "/proc"
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     run: Callable[[StateDir, str, float], Redrive] = redrive
+    #: Other roots the operator named (flat or namespaced): judged, never another manager's state.
+    named_roots: tuple[str, ...] = ()
 
     def scan(self) -> list[StateFacts]:
         """Every state under the roots, looked at once."""
-        return [self.look(state) for state in find_states(self.roots)]
+        return [self.look(state) for state in find_states(self.roots, self.named_roots)]
 
     def look(self, state: StateDir) -> StateFacts:
         return read_state_facts(state, self.has_bundle, self.shims, self.mounts, self.proc)
 
     def of(self, container_id: str, extra_root: str | None = None) -> list[StateFacts]:
         """A fresh look at every state of one container (right before acting on it)."""
-        return [self.look(s) for s in states_of(self.roots, container_id, extra_root)]
+        return [self.look(s) for s in states_of(self.roots, container_id, extra_root, self.named_roots)]
 
     def act(self, facts: StateFacts, recorded_runtime: str | None) -> Redrive:
         """Re-run the runtime's own delete for an orphan; a runtime that cannot be found is reported."""

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from runc_guard.delete import systemd_scope
 from runc_guard.delete.cgroupfs import CgroupFsOps
 from runc_guard.delete.cleanup import (
     CgroupRemovalFailed,
@@ -52,6 +53,13 @@ DEFAULT_MAX_SYS_PERCENT = 30.0
 DEFAULT_MAX_SLOWDOWN = 60.0
 #: Shortest slowdown step: below this, /proc/stat's 10 ms ticks make sys% noise.
 MIN_SLOWDOWN_STEP = 0.5
+
+#: Longest the sweep waits on systemd for the scope of one container it finished
+#: (stop, wait, reset-failed); what is not done by then the next sweep's failed-unit pass finishes.
+SCOPE_BUDGET = 5.0
+
+#: settle()'s outcomes that leave the scope gone (collected, or never loaded).
+SCOPE_DONE = (systemd_scope.RESET_FAILED, systemd_scope.STOPPED, systemd_scope.NOT_LOADED)
 
 #: Kept-reasons in the order decide() checks them.
 KEEP_REASONS = ("unsafe_path", "populated", "runtime_state", "bundle", "too_young", "busy")
@@ -214,6 +222,50 @@ def cpu_sample() -> tuple[float, float]:
 
 
 @dataclass(frozen=True)
+class ScopeOps:
+    """How the sweep finishes a container's systemd scope unit: a seam so unit tests record the calls.
+
+    The real one (:func:`system_scopes`) is delete/systemd_scope.py's, talking to PID 1.
+    """
+
+    reachable: Callable[[], bool]
+    read_scope: Callable[[str, str], systemd_scope.ScopeRef | None]
+    settle: Callable[[str, Callable[[], bool], float], systemd_scope.ScopeResult]
+    #: Whether systemd runs this node at all (PID 1): unreachable then is the sweeper's blind spot
+    #: (no /run/systemd mounted), not a node without scope units.
+    node_has_systemd: Callable[[], bool] = lambda: False
+
+
+def pid1_is_systemd(proc: str = "/proc") -> bool:
+    """PID 1 of our namespace is systemd (the host's, for a sweeper with hostPID)."""
+    try:
+        with open(f"{proc}/1/comm", "rb") as f:
+            return f.read().strip() == b"systemd"
+    except OSError:
+        return False
+
+
+def system_scopes(mounts: Sequence[str]) -> ScopeOps | None:
+    """systemd's scopes, but only for a sweep over the system's own cgroup tree (as release_failed_scopes)."""
+    root = systemd_scope.SYSTEM_CGROUP_ROOT
+    if not any(m == root or m.startswith(root + "/") for m in mounts):
+        return None
+    return ScopeOps(
+        systemd_scope.systemd_reachable, systemd_scope.read_scope, systemd_scope.settle, pid1_is_systemd
+    )
+
+
+def scope_units(unit: ContainerUnit, refs: Sequence[systemd_scope.ScopeRef | None]) -> list[str]:
+    """The scope units of a container: named by its runtime state, else by its cgroup directories."""
+    names = {ref.unit for ref in refs if ref is not None}
+    for path in unit.dirs:
+        name = systemd_scope.unit_of_cgroup_dir(path)
+        if name is not None and unit.container_id in name:
+            names.add(name)
+    return sorted(names)
+
+
+@dataclass(frozen=True)
 class SweepOptions:
     min_age: float = DEFAULT_MIN_AGE
     batch: int = DEFAULT_BATCH
@@ -304,6 +356,7 @@ class Sweeper:
         cpu: Callable[[], tuple[float, float]] = cpu_sample,
         progress: Progress | None = None,
         signals: NodeSignals | None = None,
+        scopes: ScopeOps | None = None,
     ) -> None:
         self.fs = fs
         self.runtime = runtime
@@ -317,6 +370,9 @@ class Sweeper:
         self.signals = signals
         #: ``<mount>/`` of each cgroup v1 cpuset hierarchy (set by run()).
         self._cpusets: tuple[str, ...] = ()
+        #: systemd's scope units (None: system_scopes() of the hierarchies, set by run()).
+        self.scopes = scopes
+        self._scopes: ScopeOps | None = scopes
 
     def run(self, discovery: Discovery) -> SweepReport:
         started = self.clock()
@@ -325,6 +381,7 @@ class Sweeper:
         report.errors.extend(f"{path}: {why}" for path, why in sorted(discovery.record_errors.items()))
         units = sorted(discovery.units.values(), key=lambda u: (u.pod, u.container_id))
         report.found = len(units)
+        self._scopes = self.scopes if self.scopes is not None else system_scopes(report.hierarchies)
         self._cpusets = tuple(
             h.mount.rstrip("/") + "/"
             for h in discovery.hierarchies
@@ -381,6 +438,11 @@ class Sweeper:
             self._settle(report, unit, verdict, len(facts.present))
             return
         report.candidates += 1
+        scopes: list[str] = []
+        if self._scopes is not None:
+            # Read before the runtime's delete removes the state that names the scope.
+            scopes = scope_units(unit, [self._scopes.read_scope(s.state.root, unit.container_id)
+                                        for s in facts.states])
         if verdict.reason == "orphan_state" and not self._redrive(unit, facts, report):
             return
         cleanup = CleanupReport()
@@ -414,6 +476,40 @@ class Sweeper:
             remove_record(unit.record)
             report.records_cleared += 1
         self._note(report, unit, "removed", len(cleanup.removed))
+        for scope in scopes:
+            self._finish_scope(unit, scope, report)
+
+    def _finish_scope(self, unit: ContainerUnit, scope: str, report: SweepReport) -> None:
+        """Bring the scope of a container this sweep finished to "gone" through systemd, bounded.
+
+        A cut-short delete leaves the unit ``failed`` (or still stopping) once its
+        processes outlived the stop timeout; systemd keeps a failed unit loaded
+        forever. The container is gone now (no state, no bundle, cgroups removed):
+        stop, wait and ``reset-failed`` it within SCOPE_BUDGET. Where no systemd
+        is reachable although PID 1 is systemd (a sweeper without /run/systemd)
+        that is an error to see, not a silent skip; a unit still stopping at the
+        budget is left to the next sweep's failed-unit pass.
+        """
+        assert self._scopes is not None
+        entry: dict[str, Any] = {"id": unit.container_id, "pod": unit.pod, "dirs": 0, "unit": scope}
+        if not self._scopes.reachable():
+            if not self._scopes.node_has_systemd():
+                return  # no systemd on this node: a directory named like a scope is no unit
+            entry.update(action="error", detail="PID 1 is systemd but it is not reachable here "
+                                                "(/run/systemd/system, systemctl)")
+            report.errors.append(f"{unit.container_id}: cannot reset scope {scope}: {entry['detail']}")
+        else:
+            # Every directory of the container was just removed, and the kernel refuses
+            # rmdir of a populated cgroup: its cgroups are empty. systemd_scope's
+            # deadlines are on time.monotonic(), whatever clock paces the sweep.
+            result = self._scopes.settle(scope, lambda: True, time.monotonic() + SCOPE_BUDGET)
+            done = result.outcome in SCOPE_DONE
+            entry["action"] = f"scope_{result.outcome}" if done else "error"
+            if result.detail:
+                entry["detail"] = result.detail
+            if not done:
+                report.errors.append(f"{unit.container_id}: scope {scope}: {result.outcome} {result.detail}")
+        report.containers.append(entry)
 
     def _stop_load_balance(self, paths: Sequence[str]) -> None:
         """Clear sched_load_balance of the v1 cpusets among ``paths``, just before their rmdir.

@@ -1,0 +1,121 @@
+"""Issue 21, item 12: after a cut-short delete under the systemd driver the sweep finishes the scope too.
+
+Inside the booted-systemd lab (labkit.systemd): a host-PID task through
+runc-guard, Path B with its children held past containerd's 5 s and the
+scope's 5 s stop timeout. runc-guard reports at its deadline (exit 75) and
+keeps runc's state and its pending record; systemd's stop job runs on and the
+scope ends ``failed``. ``runc-guardctl sweep`` re-runs the runtime's delete,
+removes the v1 leftovers and must ``reset-failed`` the scope of the container
+it finished, or systemd keeps one failed unit per such container forever.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from labkit import systemd as sl
+from labkit.kernel import unique, wait_for
+
+pytestmark = pytest.mark.kernel
+
+
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sl.Machine]:
+    """The booted lab machine (its root built once and cached), always stopped."""
+    reason = sl.missing()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the systemd lab needs: {reason}")
+        pytest.skip(reason)
+    image = sl.ensure_image()
+    with sl.booted_machine(str(tmp_path_factory.mktemp("rg21sd")), image) as m:
+        yield m
+
+
+def sweep(machine: sl.Machine, *args: str) -> tuple[int, dict[str, object], str]:
+    """``runc-guardctl sweep --min-age 0 --format json`` in the machine."""
+    argv = [f"{sl.GUARD_BIN}/runc-guardctl", "sweep", "--min-age", "0", "--format", "json", *args]
+    out = machine.run(*argv, check=False, timeout=120)
+    return out.returncode, (json.loads(out.stdout) if out.stdout.strip() else {}), out.stderr
+
+
+def entries(report: dict[str, object], task: sl.SdTask) -> list[tuple[str, str]]:
+    """(action, unit or "") of every report entry for the task's container."""
+    found = report.get("containers", [])
+    assert isinstance(found, list)
+    return sorted((str(e["action"]), str(e.get("unit", ""))) for e in found if e["id"] == task.id)
+
+
+def crash_past_the_deadline(machine: sl.Machine, ns: str) -> tuple[sl.SdTask, sl.FreezerHold]:
+    """Path B through runc-guard with the children held until the caller releases them.
+
+    Returns once runc-guard has exited at its deadline (the crash's delete is cut short).
+    """
+    task = sl.run_task(machine, ns, sl.GUARD)
+    hold = sl.freezer_hold(machine)
+    try:
+        before = len(sl.guard_stats(machine))
+        hold.hold(task.children())
+        init = task.init_host_pid()
+        shim = task.shim_host_pid(init)
+        os.kill(init, signal.SIGKILL)
+        assert wait_for(lambda: init not in task.host_pids(), 5)
+        os.kill(shim, signal.SIGKILL)
+        assert wait_for(lambda: len(sl.guard_stats(machine)) > before, 20, 0.1)
+        assert sl.guard_stats(machine)[-1]["outcome"] == "deadline"
+    except BaseException:
+        hold.destroy()
+        sl.remove_task(task)
+        raise
+    return task, hold
+
+
+def test_one_sweep_after_a_cut_short_delete_leaves_no_failed_scope(machine: sl.Machine) -> None:
+    """Children die at 6 s, the scope fails; one sweep: 0 dirs, state and record gone, unit collected."""
+    ns = unique("rg21sd")
+    records_before = set(sl.pending_records(machine))
+    crash = sl.path_b(machine, ns, sl.GUARD, delay=6.0)
+    task = crash.task
+    try:
+        assert sl.guard_stats(machine)[-1]["outcome"] == "deadline"
+        assert crash.state_left and len(crash.dirs_left) >= 8
+        assert wait_for(lambda: task.unit_state().get("ActiveState") == "failed", 30, 0.2), task.unit_state()
+        code, report, err = sweep(machine)
+        assert code == 0, err
+        # The sweep's own container pass resets it (the unit named in runc's state).
+        assert entries(report, task) == [("removed", ""), ("scope_reset_failed", task.unit)], report
+        assert report["errors"] == []
+        assert task.host_dirs() == [] and not os.path.exists(task.runc_state())
+        assert set(sl.pending_records(machine)) == records_before
+        assert task.unit_state()["LoadState"] == "not-found", task.unit_state()
+        print(f"\nsystemd, cut-short delete: {len(crash.dirs_left)} dirs + state + failed scope; "
+              f"one sweep: 0 dirs, state gone, scope reset-failed and collected ({report['duration']} s)")
+    finally:
+        sl.remove_task(task)
+
+
+def test_a_sweep_during_the_stop_job_then_one_after_finishes_it(machine: sl.Machine) -> None:
+    """Sweep right at runc-guard's deadline (scope still stopping, children held): it keeps what is busy;
+    once the children are gone the next sweep removes the rest and resets the failed scope."""
+    ns = unique("rg21sd")
+    task, hold = crash_past_the_deadline(machine, ns)
+    try:
+        assert task.unit_state()["ActiveState"] == "deactivating"
+        code, first, err = sweep(machine)
+        assert code == 0, err
+        assert ("kept:busy", "") in entries(first, task), first
+        hold.release()
+        assert wait_for(lambda: not task.host_pids(), 10)
+        assert wait_for(lambda: task.unit_state().get("ActiveState") in ("failed", "inactive"), 30, 0.2)
+        code, second, err = sweep(machine)
+        assert code == 0, err
+        assert task.host_dirs() == [] and not os.path.exists(task.runc_state())
+        assert task.unit_state()["LoadState"] == "not-found", (task.unit_state(), second)
+    finally:
+        hold.destroy()
+        sl.remove_task(task)
