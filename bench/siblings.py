@@ -66,27 +66,12 @@ def make_root(directory: str, containers: int) -> tuple[str, str]:
     return sandbox, directory
 
 
-def parse_all(root: str, sandbox: str) -> list[str]:
-    """What the sibling scan did before: read_state of every container in the root."""
-    found = []
-    for cid in sorted(os.listdir(root)):
-        if cid == sandbox:
-            continue
-        try:
-            state = read_state(root, cid)
-        except (StateUnreadable, StateMissing):
-            continue
-        if state.sandbox_id == sandbox:
-            found.append(cid)
-    return found
-
-
-def prefiltered(root: str, sandbox: str) -> list[str]:
-    """What it does now: parse only the states whose bytes name the sandbox."""
+def siblings_of(root: str, sandbox: str, prefilter: bool) -> list[str]:
+    """The sandbox's containers in ``root``: every state parsed (before), or only those naming it (now)."""
     needle = sandbox.encode()
     found = []
     for cid in sorted(os.listdir(root)):
-        if cid == sandbox or not delete_run._mentions(root, cid, needle):
+        if cid == sandbox or (prefilter and not delete_run._mentions(root, cid, needle)):
             continue
         try:
             state = read_state(root, cid)
@@ -106,12 +91,13 @@ def main() -> None:
     try:
         sandbox, root = make_root(directory, args.containers)
         size = os.path.getsize(os.path.join(root, sandbox, "state.json"))
-        times: dict[str, list[float]] = {"parse every state": [], "prefilter by bytes": []}
-        assert len(parse_all(root, sandbox)) == len(prefiltered(root, sandbox)) == 3
+        modes = {"parse every state": False, "prefilter by bytes": True}
+        times: dict[str, list[float]] = {name: [] for name in modes}
+        assert [len(siblings_of(root, sandbox, p)) for p in modes.values()] == [3, 3]
         for _ in range(args.rounds):  # interleaved, so drift hits both alike
-            for name, scan in (("parse every state", parse_all), ("prefilter by bytes", prefiltered)):
+            for name, prefilter in modes.items():
                 started = time.perf_counter()
-                scan(root, sandbox)
+                siblings_of(root, sandbox, prefilter)
                 times[name].append(time.perf_counter() - started)
         base = median_ms(times["parse every state"])
         rows = [[name, f"{median_ms(v):.1f}", f"{percentile_ms(v, 90):.1f}", f"{median_ms(v) / base:.2f}"]
