@@ -18,8 +18,8 @@ import tomlkit
 
 from labkit import containerd as cl
 from labkit import cri as cr
-from labkit import images, prereq, runtimes
-from labkit.kernel import cgroup_mount_points, remove_tree, unique, wait_for
+from labkit import prereq, runtimes
+from labkit.kernel import unique
 
 PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 
@@ -125,31 +125,8 @@ def _guardctl(*args: str) -> str:
 def _cri(workdir: str, build: cl.Build, crictl: str, config: str,
          settings: dict[str, str]) -> Iterator[cr.CriLab]:
     """cr.cri_lab's lab, on a config the test prepared (and configured) itself."""
-    with open(os.path.join(workdir, "crictl.yaml"), "w") as f:
-        f.write(f"runtime-endpoint: unix://{os.path.join(workdir, 'containerd.sock')}\n")
-    image_dir = os.path.join(workdir, "images")
-    os.makedirs(image_dir, exist_ok=True)
-    built = [images.pause_image(image_dir), images.busybox_image(image_dir)]
-    prefix = unique("rgcfg")
-    try:
-        with cl.running_containerd(workdir, settings, cl.HYBRID, build, config=config) as ctd:
-            lab = cr.CriLab(cl.GuardedLab(ctd, settings, workdir), build, build.runc, crictl,
-                            prefix, "")
-            try:
-                for image in built:
-                    ctd.ctr(cr.K8S_NS, "images", "import", image.tar, timeout=120)
-                for image in built:
-                    assert wait_for(lambda i=image: lab.crictl(
-                        "inspecti", i.name, check=False).returncode == 0, 20, 0.1), ctd.log()[-2000:]
-                yield lab
-            finally:
-                for pod in list(lab.pods):
-                    with contextlib.suppress(Exception):
-                        lab.remove_pod(pod)
-    finally:
-        cl.kill_cgroup_procs(prefix)
-        for mount in cgroup_mount_points():
-            remove_tree(os.path.join(mount, prefix))
+    with cr.running_cri(workdir, build, crictl, config, settings, prefix_name="rgcfg") as lab:
+        yield lab
 
 
 def _run_default_pod(lab: cr.CriLab) -> cr.Pod:

@@ -368,12 +368,25 @@ def cri_lab(workdir: str, build: cl.Build, crictl: str, **overrides: str) -> Ite
     settings = cl.guard_settings(workdir, **{"RUNC_GUARD_RUNTIME": build.runc, **overrides})
     config = cri_config(workdir, build, build.runc)
     configured = configure(config, settings["RUNC_GUARD_CONFIG"], build.config_version)
+    with running_cri(workdir, build, crictl, config, settings, configured) as lab:
+        yield lab
+
+
+@contextlib.contextmanager
+def running_cri(
+    workdir: str, build: cl.Build, crictl: str, config: str, settings: dict[str, str],
+    configured: str = "", prefix_name: str = "rgcri",
+) -> Iterator[CriLab]:
+    """A CRI containerd on ``config`` (prepared by the caller), images imported; always stopped.
+
+    Its pods' cgroups live below a unique ``prefix_name`` parent, removed afterwards.
+    """
     with open(os.path.join(workdir, "crictl.yaml"), "w") as f:
         f.write(f"runtime-endpoint: unix://{os.path.join(workdir, 'containerd.sock')}\n")
     image_dir = os.path.join(workdir, "images")
     os.makedirs(image_dir, exist_ok=True)
     built = [images.pause_image(image_dir), images.busybox_image(image_dir)]
-    prefix = unique("rgcri")
+    prefix = unique(prefix_name)
     try:
         with cl.running_containerd(workdir, settings, cl.HYBRID, build, config=config) as ctd:
             lab = CriLab(cl.GuardedLab(ctd, settings, workdir), build, build.runc, crictl, prefix, configured)
