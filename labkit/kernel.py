@@ -110,10 +110,10 @@ def spool_reporters(spool: str) -> list[int]:
     return found
 
 
-def spool_lock_holder(spool: str) -> int:
-    """The pid that took the spool's reporter flock (/proc/locks, without taking it); 0 if none."""
+def flock_holder(path: str) -> int:
+    """The pid that took a flock on ``path`` (/proc/locks, without taking it); 0 if none."""
     try:
-        ino = os.stat(os.path.join(spool, ".reporter.lock")).st_ino
+        ino = os.stat(path).st_ino
     except FileNotFoundError:
         return 0
     with open("/proc/locks") as f:
@@ -124,18 +124,28 @@ def spool_lock_holder(spool: str) -> int:
     return 0
 
 
-def wait_reported(cache_dir: str, timeout: float = 10.0) -> bool:
-    """Until runc-guard's detached reporter has sent every spooled entry and exited.
+def spool_lock_holder(spool: str) -> int:
+    """The pid that took the spool's reporter flock; 0 if none."""
+    return flock_holder(os.path.join(spool, ".reporter.lock"))
 
-    A delete spools its entries before it exits; the reporter it forks sends
-    them (journald or the JSON-lines file) and lets go of the spool's lock.
-    Only looked at: taking the lock here would make a new reporter leave its
-    entry to us.
+
+def wait_reported(cache_dir: str, timeout: float = 10.0) -> bool:
+    """Until runc-guard's detached helpers are done: the finisher, then the reporter.
+
+    A delete cut short by its deadline may start a finisher (its entries come
+    later); a delete spools its entries before it exits, and the reporter it
+    forks sends them (journald or the JSON-lines file) and lets go of the
+    spool's lock. Only looked at: taking a lock here would make a new helper
+    leave its work to us.
     """
+    from runc_guard.delete.report import FINISHER_LOCK
     from runc_guard.spool import pending_files, spool_dir
 
+    finisher = os.path.join(cache_dir, FINISHER_LOCK)
+    finished = wait_for(lambda: not flock_holder(finisher), timeout, 0.02)
     spool = spool_dir(cache_dir)
-    return wait_for(lambda: not pending_files(spool) and not spool_lock_holder(spool), timeout, 0.01)
+    sent = wait_for(lambda: not pending_files(spool) and not spool_lock_holder(spool), timeout, 0.01)
+    return finished and sent
 
 
 def reported_events(workdir: str, cache: str = "cache", log: str = "events.jsonl") -> list[dict]:  # type: ignore[type-arg]

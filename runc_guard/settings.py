@@ -43,6 +43,11 @@ DEFAULT_RUNTIME = "runc"
 DEFAULT_DELETE_TIMEOUT = 4.0
 #: The range accepted for ``delete_timeout`` (seconds).
 MAX_DELETE_TIMEOUT = 600.0
+#: After a deadline cut a delete short, the finisher completes it once its cgroups empty:
+#: for this long after the last record it saw appear (a crash storm's teardowns take seconds;
+#: what outlasts it waits for the sweep). 0 turns the finisher off.
+DEFAULT_FINISH_WINDOW = 60.0
+MAX_FINISH_WINDOW = 3600.0
 #: Where the delete path keeps its durable records (Settings.pending_dir's default).
 DEFAULT_PENDING_DIR = "/run/runc-guard/pending"
 DEFAULT_CACHE_DIR = "/run/runc-guard"
@@ -239,6 +244,7 @@ class Settings(Value):
         "config_file",
         "container_cgroup_patterns",
         "delete_timeout",
+        "finish_window",
         "journal_socket",
         "kill_stragglers",
         "log_file",
@@ -256,7 +262,8 @@ class Settings(Value):
     )
     #: The keys of the file (and of RUNC_GUARD_<KEY>); the rest says where they came from.
     _compared = (
-        "container_cgroup_patterns", "delete_timeout", "journal_socket", "kill_stragglers", "log_file",
+        "container_cgroup_patterns", "delete_timeout", "finish_window", "journal_socket", "kill_stragglers",
+        "log_file",
         "log_level", "pending_dir", "poll_interval", "reporter_linger", "runtime", "runtimes", "stats_file",
     )
     runtime: str
@@ -275,6 +282,8 @@ class Settings(Value):
     container_cgroup_patterns: tuple[str, ...]
     #: How long a detached reporter waits for more deletes' entries before it exits.
     reporter_linger: float
+    #: How long the finisher keeps completing what deadlines cut short (0: never started).
+    finish_window: float
     #: The settings file (RUNC_GUARD_CONFIG) and the cache beside it (RUNC_GUARD_CACHE_DIR).
     config_file: str
     cache_dir: str
@@ -300,6 +309,7 @@ class Settings(Value):
         stats_file: str = "/run/runc-guard/deletes.jsonl",
         container_cgroup_patterns: tuple[str, ...] = (),
         reporter_linger: float = 2.0,
+        finish_window: float = DEFAULT_FINISH_WINDOW,
         config_file: str = DEFAULT_CONFIG,
         cache_dir: str = DEFAULT_CACHE_DIR,
         source: str = "(defaults)",
@@ -403,6 +413,8 @@ def _convert(key: str, value: object) -> object:
         return _to_seconds(key, value, 0.001, 5.0)
     if key == "reporter_linger":
         return _to_seconds(key, value, 0.0, 60.0)
+    if key == "finish_window":
+        return _to_seconds(key, value, 0.0, MAX_FINISH_WINDOW)
     if key in ("pending_dir", "journal_socket", "log_file", "stats_file"):
         return _to_path(key, value)
     if key == "kill_stragglers":

@@ -85,12 +85,12 @@ def pending_files(directory: str) -> list[str]:
     return [os.path.join(directory, n) for n in sorted(names) if n.endswith(SUFFIX)]
 
 
-def try_lock(directory: str) -> int | None:
-    """The spool's reporter lock (flock), or None if another reporter holds it."""
+def try_lock(directory: str, name: str = LOCK) -> int | None:
+    """A detached helper's lock (flock; the spool's reporter by default), or None if it is held."""
     import fcntl
 
     try:
-        fd = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(os.path.join(directory, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError:
         return None
     try:

@@ -25,6 +25,7 @@ OUTCOMES = (
     "state_kept",  # exit 0 and the runtime kept its state (a running container)
     "record_finished",  # no state, a pending record: finished
     "internal_error",  # a bug: exit 70, record kept
+    "finished_late",  # after the reply, the finisher completed what a deadline cut short
 )
 #: No state and no record: nothing happened; logged at debug only, no stats line.
 UNKNOWN = "unknown"

@@ -76,32 +76,25 @@ _REPORTER = (
     "import sys; sys.path.insert(0, sys.argv[1]); from runc_guard.logs import reporter_main;"
     " reporter_main(sys.argv[2], float(sys.argv[3]), 3)"
 )
-#: The fd the reporter finds the spool's lock on, already taken for it.
+#: The fd a detached helper finds its lock on, already taken for it.
 _LOCK_FD = 3
 
 
-def detach_reporter(directory: str, linger: float) -> int:
-    """Start a reporter for ``directory`` unless one is running; returns its pid (0: none started).
+def spawn_detached(program: str, args: list[str], lock: int) -> int:
+    """Start ``python -I -c program <root> args...`` in a session of its own; its pid (0: not started).
 
-    A reporter already holding the spool's lock re-checks the spool after it lets
-    go, so it sends our entries too: in a crash storm one reporter serves them all
-    and structlog is loaded once. Otherwise we take the lock and hand it to a
-    reporter we spawn (as its fd 3), so no other delete starts one meanwhile.
-    posix_spawn: no copy of this process and no wait for the child to be
-    scheduled; in a session of its own, so a kill of containerd's shim or of our
+    It inherits ``lock`` (a flock the caller took for it) as fd 3, the caller's copy
+    closed here. posix_spawn: no copy of this process and no wait for the child to
+    be scheduled; in a session of its own, so a kill of containerd's shim or of our
     process group does not reach it; /dev/null for stdio, since go-runc waits
-    until the runtime's stdout/stderr pipes close. If it cannot be started the
-    entries wait in the spool for the next reporter or ``runc-guardctl sweep``.
+    until the runtime's stdout/stderr pipes close.
     """
-    lock = try_lock(directory)
-    if lock is None:
-        return 0
     import sys
 
     import runc_guard
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(runc_guard.__file__)))
-    argv = [sys.executable, "-I", "-c", _REPORTER, root, directory, repr(linger)]
+    argv = [sys.executable, "-I", "-c", program, root, *args]
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
         actions = [(os.POSIX_SPAWN_DUP2, null, fd) for fd in (0, 1, 2)]
@@ -113,7 +106,44 @@ def detach_reporter(directory: str, linger: float) -> int:
         return 0
     finally:
         os.close(null)
-        os.close(lock)  # the reporter's copy keeps the flock (one open file description)
+        os.close(lock)  # the child's copy keeps the flock (one open file description)
+
+
+def detach_reporter(directory: str, linger: float) -> int:
+    """Start a reporter for ``directory`` unless one is running; returns its pid (0: none started).
+
+    A reporter already holding the spool's lock re-checks the spool after it lets
+    go, so it sends our entries too: in a crash storm one reporter serves them all
+    and structlog is loaded once. Otherwise we take the lock and hand it to a
+    reporter we spawn. If it cannot be started the entries wait in the spool for
+    the next reporter or ``runc-guardctl sweep``.
+    """
+    lock = try_lock(directory)
+    if lock is None:
+        return 0
+    return spawn_detached(_REPORTER, [directory, repr(linger)], lock)
+
+
+#: The finisher's program (runc_guard.node.finisher): it reads the settings from the environment.
+_FINISHER = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from runc_guard.node.finisher import finisher_main;"
+    " finisher_main(3)"
+)
+#: The finisher's lock, under the cache directory: one finisher serves every delete of a storm.
+FINISHER_LOCK = "finisher.lock"
+
+
+def detach_finisher(cache_dir: str) -> int:
+    """Start the finisher unless one is running; returns its pid (0: none started).
+
+    For a delete whose deadline cut it short (its record kept): the finisher
+    completes it after the reply (runc_guard.node.finisher). One already running
+    looks at every pending record, ours included, before it exits.
+    """
+    lock = try_lock(cache_dir, FINISHER_LOCK)
+    if lock is None:
+        return 0
+    return spawn_detached(_FINISHER, [], lock)
 
 
 def deliver(log: EventLog, settings: Settings, directory: str) -> None:

@@ -51,7 +51,7 @@ from runc_guard.delete.pending import (
     remove_record,
     write_record,
 )
-from runc_guard.delete.report import EventLog, deliver
+from runc_guard.delete.report import EventLog, deliver, detach_finisher
 from runc_guard.delete.runtime_child import RuntimeRun, run_runtime_child
 from runc_guard.delete.state import (
     MAX_STATE_BYTES,
@@ -183,6 +183,8 @@ class DeleteRun:
         self.waited = False
         #: How a sibling's delete ended (its outcome), once it has.
         self.ended: str | None = None
+        #: The deadline cut this delete (or a sibling's) short and its record stays: finish it later.
+        self.cut_short = False
 
     # -- reporting -------------------------------------------------------------
 
@@ -207,6 +209,7 @@ class DeleteRun:
         entry = dict(self.canonical, outcome=end.outcome, exit_status=end.status, total_ms=total_ms)
         entry.update(_own_cost())
         entry["pending_record"] = self.record if os.path.exists(self.record or "") else None
+        self.cut_short = self.cut_short or (end.outcome == "deadline" and entry["pending_record"] is not None)
         if FALLBACKS:
             entry["kernel_fallbacks"] = sorted(FALLBACKS)
         if end.reason:
@@ -639,6 +642,7 @@ class DeleteRun:
             sibling.canonical["sandbox_id"] = sandbox.container_id
             status = sibling.run_sibling(state)
             done.append({"id": state.container_id, "exit_status": status})
+            self.cut_short = self.cut_short or sibling.cut_short
             if sibling.ended == "interrupted":  # a signal reached its runtime child: stop here
                 break
 
@@ -767,4 +771,6 @@ def run_delete(
         except Exception:  # noqa: BLE001 - reporting itself failed: the status still stands
             status = EXIT_INTERNAL
     deliver(run.log, settings, spool_dir(settings.cache_dir))
+    if run.cut_short and settings.finish_window > 0:  # the status and entries are settled: detached
+        detach_finisher(settings.cache_dir)
     return status

@@ -165,12 +165,14 @@ def states_of(
     return found
 
 
-def live_shim_ids(proc: str = "/proc") -> frozenset[str]:
+def live_shim_ids(proc: str = "/proc", serving_only: bool = False) -> frozenset[str]:
     """Ids named by every running containerd shim (``-id <id>``, v1's ``-workdir .../<id>``).
 
     One pass over ``/proc/*/cmdline`` per sweep or audit (a few hundred small
     reads). A grouped CRI shim names the sandbox id only; its containers keep
-    their bundles while it lives, which the bundle check sees.
+    their bundles while it lives, which the bundle check sees. ``serving_only``
+    leaves out containerd's dead-shim cleanup (``containerd-shim-runc-v2 ...
+    delete``), which serves nothing and exits once its runtime's delete returned.
     """
     ids: set[str] = set()
     try:
@@ -184,6 +186,8 @@ def live_shim_ids(proc: str = "/proc") -> frozenset[str]:
         except OSError:
             continue  # exited meanwhile
         if not os.path.basename(argv[0]).startswith(b"containerd-shim"):
+            continue
+        if serving_only and [a for a in argv if a][-1:] == [b"delete"]:
             continue
         for flag, value in itertools.pairwise(argv):
             if flag in (b"-id", b"--id"):

@@ -1,0 +1,226 @@
+"""Finish what a delete's deadline cut short, after the reply, without waiting for the sweep.
+
+A delete that reaches its deadline (exit 75) replies in time for containerd and
+keeps its pending record. On the dead-shim path containerd never asks again, so
+until now those cgroups (and runc >= 1.2's kept state) waited for the sweep's
+timer. The delete now starts this finisher, detached (``report.detach_finisher``:
+its own session, /dev/null for stdio, none of containerd's pipes); one serves a
+whole storm, niced, for ``finish_window`` seconds after the last record it saw
+appear. For each pending record it:
+
+1. skips it while another delete holds its claim, while the record's init is
+   not provably dead (alive or unknown), or while a serving containerd shim
+   names the container or its sandbox (containerd's own retry owns it then);
+2. waits until every recorded cgroup is empty (woken by ``cgroup.events`` where
+   the kernel has it), killing nothing;
+3. re-runs the runtime's own ``delete --force`` when it kept its state;
+4. removes what is left, leaf-first, and resets a failed scope of the systemd driver;
+5. drops the record and logs one ``delete`` entry, ``outcome=finished_late``.
+
+What it cannot finish in its window stays for ``runc-guardctl sweep`` and audit.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from runc_guard.delete.cgroupfs import CgroupFsOps, RealCgroupFs
+from runc_guard.delete.cleanup import CgroupBusy, CgroupRemovalFailed, drain, live_pids
+from runc_guard.delete.pending import BUSY, Claim, PendingRecord, iter_records, remove_record
+from runc_guard.delete.report import EventLog, deliver
+from runc_guard.delete.runtime_child import run_runtime_child
+from runc_guard.delete.state import read_state, runtime_state_exists
+from runc_guard.errors import StateMissing, StateUnreadable
+from runc_guard.procinfo import DEAD, init_liveness
+from runc_guard.settings import Settings, load
+from runc_guard.spool import spool_dir
+
+#: How long one pass waits for a recorded cgroup to change before looking again.
+POLL = 0.25
+#: A runtime's delete gets this long; the removal after it, this long.
+RUNTIME_BUDGET = 10.0
+REMOVE_BUDGET = 2.0
+#: Re-runs of one record's runtime delete that failed before the finisher leaves it to the sweep.
+MAX_ATTEMPTS = 3
+
+
+@dataclass
+class Finisher:
+    """One finisher's view of the pending records; :meth:`pass_once` is one look at all of them."""
+
+    settings: Settings
+    fs: CgroupFsOps = field(default_factory=RealCgroupFs)
+    clock: Callable[[], float] = time.monotonic
+    proc: str = "/proc"
+    attempts: dict[str, int] = field(default_factory=dict)
+    finished: list[str] = field(default_factory=list)
+
+    def now(self) -> float:
+        return self.clock()
+
+    def pass_once(self) -> tuple[int, list[str]]:
+        """Try every record once; returns (records still pending, populated cgroups to wait on)."""
+        pending = 0
+        populated: list[str] = []
+        shims: frozenset[str] | None = None
+        for path, record in iter_records(self.settings.pending_dir):
+            if isinstance(record, ValueError) or self.attempts.get(path, 0) >= MAX_ATTEMPTS:
+                continue
+            pending += 1
+            busy = [p for p in record.cgroup_paths if self.fs.exists(p) and live_pids(p, self.fs)]
+            if busy:
+                populated.extend(busy)
+                continue
+            if init_liveness(record.init_pid, record.init_start, self.proc) != DEAD:
+                continue
+            if shims is None:
+                from runc_guard.node.orphans import live_shim_ids
+
+                shims = live_shim_ids(self.proc, serving_only=True)
+            if self._owned_by_a_shim(record, shims):
+                continue
+            if self._finish(path, record):
+                pending -= 1
+        return pending, populated
+
+    def _owned_by_a_shim(self, record: PendingRecord, shims: frozenset[str]) -> bool:
+        """A serving shim for the container or its CRI sandbox: containerd's retry will come."""
+        if record.container_id in shims:
+            return True
+        try:
+            state = read_state(record.runtime_root, record.container_id)
+        except (StateMissing, StateUnreadable):
+            return False
+        return bool(state.sandbox_id) and state.sandbox_id in shims
+
+    def _finish(self, path: str, record: PendingRecord) -> bool:
+        """Steps 3-5 for one record whose cgroups are empty; True when it is done."""
+        started = self.now()
+        claim = Claim(self.settings.pending_dir, record.runtime_root, record.container_id, started, self.now)
+        with claim as held:
+            if held == BUSY or not os.path.exists(path):
+                return False
+            reruns = 0
+            if runtime_state_exists(record.runtime_root, record.container_id):
+                reruns = 1
+                args = ["--root", record.runtime_root, "delete", "--force", record.container_id]
+                run = run_runtime_child(record.runtime, args, started + RUNTIME_BUDGET, self.now)
+                if run.status != 0 and runtime_state_exists(record.runtime_root, record.container_id):
+                    self.attempts[path] = self.attempts.get(path, 0) + 1
+                    return False
+            try:
+                report = drain(
+                    record.cgroup_paths, self.fs, self.now() + REMOVE_BUDGET, self.settings.poll_interval,
+                    may_kill=False, remove=True, clock=self.now,
+                )
+            except (CgroupBusy, CgroupRemovalFailed):
+                self.attempts[path] = self.attempts.get(path, 0) + 1
+                return False
+            scope = _reset_scope(record, self.fs, self.now() + REMOVE_BUDGET)
+            remove_record(path)
+        self._report(record, reruns, len(report.removed), scope)
+        self.finished.append(record.container_id)
+        return True
+
+    def _report(
+        self, record: PendingRecord, reruns: int, removed: int, scope: dict[str, object] | None
+    ) -> None:
+        """One canonical entry, as a delete's, and its stats line for the metrics."""
+        from runc_guard.delete.run import append_stats
+
+        entry: dict[str, object] = {
+            "outcome": "finished_late",
+            "cgroup_paths": record.cgroup_paths,
+            "runtime_runs": reruns,
+            "removed": removed,
+            "since_record_ms": int(max(0.0, time.time() - record.created) * 1000),
+        }
+        if scope is not None:
+            entry["systemd_scope_after"] = scope
+        context = {"container_id": record.container_id, "runtime": record.runtime,
+                   "runtime_root": record.runtime_root}
+        log = EventLog(self.settings.log_level, context)
+        log.info("delete", **entry)
+        append_stats(self.settings.stats_file, "finished_late", entry, record.container_id)
+        deliver(log, self.settings, spool_dir(self.settings.cache_dir))
+
+
+def _reset_scope(record: PendingRecord, fs: CgroupFsOps, deadline: float) -> dict[str, object] | None:
+    """The systemd driver: a scope left failed by the cut-short delete is reset once empty."""
+    from runc_guard.delete.unit_name import transient_unit_loaded
+
+    units = {os.path.basename(p) for p in record.cgroup_paths if p.endswith(".scope")}
+    for unit in sorted(units):
+        if transient_unit_loaded(unit) is False:
+            continue
+        from runc_guard.delete.systemd_scope import settle
+
+        def empty() -> bool:
+            return not any(live_pids(p, fs) for p in record.cgroup_paths if fs.exists(p))
+
+        return settle(unit, empty, deadline).as_dict()
+    return None
+
+
+def run(
+    settings: Settings, window: float, finisher: Finisher | None = None, seen: set[str] | None = None
+) -> Finisher:
+    """Pass over the records until none is left, or ``window`` s pass without a new one.
+
+    ``seen`` collects the record files looked at (the caller's, across runs).
+    """
+    finisher = finisher or Finisher(settings)
+    seen = set() if seen is None else seen
+    last_new = finisher.now()
+    while True:
+        names = {p for p, _ in iter_records(settings.pending_dir)}
+        if names - seen:
+            last_new = finisher.now()
+        seen |= names
+        pending, populated = finisher.pass_once()
+        if pending == 0 or finisher.now() - last_new >= window:
+            return finisher
+        finisher.fs.wait_for_change(populated, POLL, POLL * 4)
+
+
+def finisher_main(held: int) -> None:
+    """The detached finisher (``report.detach_finisher`` starts it); ``held`` is its lock, taken for it.
+
+    Closes every other inherited fd but stdio (/dev/null), lowers its priority
+    (it must never compete with containerd's own work), and judges liveness only
+    from the runtime's PID namespace (node.pidns: otherwise every init looks
+    dead); then runs. Before it exits it lets go of the lock and looks once
+    more: a delete that found the lock held started no finisher of its own, so
+    a record it has not seen yet means another round.
+    """
+    try:
+        top = os.sysconf("SC_OPEN_MAX")
+    except (OSError, ValueError):
+        top = 1 << 20
+    os.closerange(3, held)
+    os.closerange(held + 1, top)
+    try:
+        os.nice(10)
+    except OSError:
+        pass
+    from runc_guard.delete.report import FINISHER_LOCK
+    from runc_guard.node.pidns import pid_namespace_view
+    from runc_guard.spool import try_lock
+
+    settings = load()
+    if not pid_namespace_view().trusted:
+        os.close(held)
+        return  # what it leaves, the sweep (which refuses there too, loudly) and audit report
+    seen: set[str] = set()
+    lock: int | None = held
+    while lock is not None:
+        try:
+            run(settings, settings.finish_window, seen=seen)
+        finally:
+            os.close(lock)
+        if not {p for p, _ in iter_records(settings.pending_dir)} - seen:
+            return
+        lock = try_lock(settings.cache_dir, FINISHER_LOCK)

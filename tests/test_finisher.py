@@ -1,0 +1,125 @@
+"""The finisher: what a deadline cut short is completed after the reply, and nothing else is touched.
+
+Unit tests on the fake cgroupfs with a stand-in runtime (the delete unit tests' Lab):
+every rule that makes the finisher step back, and the work it does once they hold.
+The real kernel's version is in tests/test_finisher_kernel.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+import runc_guard.delete.report as report_mod
+from runc_guard.delete.pending import Claim, PendingRecord, record_path, write_record
+from runc_guard.logs import drain_spool
+from runc_guard.node.finisher import Finisher, run
+from runc_guard.procinfo import start_time
+from tests.fakes import FakeCgroupFs, FakeClock
+from tests.test_delete_unit import DEAD_PID, DEAD_START, Lab
+
+
+@pytest.fixture
+def lab(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Lab:
+    clock = FakeClock()
+    # the reporter, without the fork: the finisher's entries are drained here and now
+    monkeypatch.setattr(report_mod, "detach_reporter", lambda d, _linger: drain_spool(d, linger=0))
+    return Lab(str(tmp_path), FakeCgroupFs(clock), clock)
+
+
+def _cut_short(lab: Lab, cid: str, *, pids: tuple[int, ...] = (), alive: bool = False,
+               sandbox: str = "", runtime_status: int = 0) -> tuple[list[str], str]:
+    """What a delete cut short by its deadline leaves: runc's state, the cgroups, the record."""
+    labels = {"io.kubernetes.cri.sandbox-id": sandbox} if sandbox else None
+    dirs = lab.container(cid, pids=pids, labels=labels)
+    pid, start = (os.getpid(), start_time(os.getpid()) or 0) if alive else (DEAD_PID, DEAD_START)
+    record = PendingRecord(cid, lab.root, dirs, pid, start, lab.runtime(runtime_status), 1.0)
+    return dirs, write_record(lab.settings.pending_dir, record)
+
+
+def _finisher(lab: Lab, proc: str = "/proc") -> Finisher:
+    return Finisher(lab.settings, fs=lab.fs, clock=lab.clock, proc=proc)
+
+
+def _fake_proc(tmp: str, cmdline: list[str]) -> str:
+    """A /proc with one process (a containerd shim) and nothing else."""
+    proc = os.path.join(tmp, "proc")
+    os.makedirs(os.path.join(proc, "4242"))
+    with open(os.path.join(proc, "4242", "cmdline"), "wb") as f:
+        f.write(b"\0".join(a.encode() for a in cmdline) + b"\0")
+    return proc
+
+
+def test_it_reruns_the_runtime_removes_the_rest_and_reports(lab: Lab) -> None:
+    """Init dead, cgroups empty, the runtime kept its state: its delete runs again, the directories go
+    leaf-first, the record is dropped, one entry (outcome finished_late) and a stats line follow."""
+    dirs, record = _cut_short(lab, "c1")
+    finisher = run(lab.settings, 60.0, _finisher(lab))
+    assert finisher.finished == ["c1"]
+    assert lab.runs() == ["runtime c1"] and not lab.has_state("c1")
+    assert not any(lab.fs.exists(d) for d in dirs) and not os.path.exists(record)
+    entry = lab.entry()
+    assert (entry["outcome"], entry["runtime_runs"], entry["removed"]) == ("finished_late", 1, 2)
+    assert [(s["outcome"], s["container_id"]) for s in lab.stats()] == [("finished_late", "c1")]
+
+
+def test_it_waits_for_the_cgroups_and_kills_nothing(lab: Lab) -> None:
+    """A process still inside: the finisher waits (never kills) until its window closes; the record
+    stays for the sweep."""
+    dirs, record = _cut_short(lab, "c1", pids=(4242,))
+    finisher = run(lab.settings, 5.0, _finisher(lab))
+    assert finisher.finished == [] and lab.fs.killed == [] and lab.runs() == []
+    assert os.path.exists(record) and all(lab.fs.exists(d) for d in dirs)
+    assert lab.fs.waits, "it must wait on the cgroups, not spin"
+
+
+def test_it_leaves_a_live_or_unknown_init_alone(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An init that is alive (or cannot be judged) is a running container's: untouched."""
+    _, alive = _cut_short(lab, "c1", alive=True)
+    assert run(lab.settings, 1.0, _finisher(lab)).finished == []
+    assert os.path.exists(alive) and lab.runs() == []
+    import runc_guard.node.finisher as finisher_mod
+
+    monkeypatch.setattr(finisher_mod, "init_liveness", lambda *_a: "unknown")
+    _, unknown = _cut_short(lab, "c2")
+    assert run(lab.settings, 1.0, _finisher(lab)).finished == []
+    assert os.path.exists(unknown) and lab.runs() == []
+
+
+@pytest.mark.parametrize(("shim_args", "finished"), [
+    (["-namespace", "k8s.io", "-id", "c1", "-address", "/run/containerd/containerd.sock"], []),
+    (["-namespace", "k8s.io", "-id", "sb", "-address", "/run/containerd/containerd.sock"], []),
+    (["-namespace", "k8s.io", "-id", "c1", "-address", "/run/containerd/containerd.sock", "delete"], ["c1"]),
+])
+def test_a_serving_shim_owns_the_container(lab: Lab, shim_args: list[str], finished: list[str]) -> None:
+    """A shim serving the container (or its sandbox) means containerd's own retry comes: untouched.
+    containerd's dead-shim cleanup (``... delete``) serves nothing and does not count."""
+    _cut_short(lab, "c1", sandbox="sb")
+    proc = _fake_proc(lab.tmp, ["/usr/bin/containerd-shim-runc-v2", *shim_args])
+    assert run(lab.settings, 1.0, _finisher(lab, proc)).finished == finished
+
+
+def test_a_delete_holding_the_claim_keeps_it(lab: Lab) -> None:
+    """Another delete of the same id (containerd's retry) holds its claim: the finisher steps back."""
+    _, record = _cut_short(lab, "c1")
+    with Claim(lab.settings.pending_dir, lab.root, "c1", lab.clock()) as held:
+        assert held == "claimed"
+        assert run(lab.settings, 1.0, _finisher(lab)).finished == []
+    assert os.path.exists(record) and lab.runs() == []
+
+
+def test_a_runtime_that_keeps_failing_is_left_to_the_sweep(lab: Lab) -> None:
+    """A runtime delete that fails and keeps its state is tried at most three times, then left."""
+    state_kept = _cut_short(lab, "c1", runtime_status=1)[1]
+    with open(record_path(lab.settings.pending_dir, lab.root, "c1")) as f:
+        runtime = json.load(f)["runtime"]
+    with open(runtime) as f:
+        body = f.read()
+    with open(runtime, "w") as f:  # a runtime that fails and keeps the state, like runc >= 1.2 on EBUSY
+        f.write(body.replace(f'rm -rf "{lab.root}/$id"', ":"))
+    finisher = run(lab.settings, 1.0, _finisher(lab))
+    assert finisher.finished == [] and lab.runs().count("runtime c1") == 3
+    assert os.path.exists(state_kept) and lab.has_state("c1")
