@@ -58,28 +58,6 @@ def test_node_is_pure_v2_with_systemd_and_the_package(node: vm.VM, record_proper
            f"{'cached' if node.disk.build_s is None else f'built in {node.disk.build_s:.0f} s'}")
 
 
-def _row(cell: dict[str, Any], layout: str = "unified") -> str:
-    left = cell.get("left", {})
-    return (
-        f"vm {layout} systemd 1.6.20 runc-1.1.5 {cell.get('scenario')} {cell.get('handler'):6}"
-        f" linger={cell.get('linger_s')}s dirs={left.get('dirs')} unit={left.get('unit')}"
-        f" state={int(bool(left.get('state')))} bundle={int(bool(left.get('bundle')))}"
-        f" records={left.get('records')} deletes={[(d.get('outcome'), d.get('exit_status')) for d in cell.get('deletes', [])]}"
-    )
-
-
-@pytest.mark.parametrize("path", ["b", "a"])
-def test_slow_teardown_on_pure_v2(node: vm.VM, path: str, record_property: Any) -> None:
-    """A child in throttled O_DIRECT I/O outlives SIGKILL by seconds: stock vs runc-guard, same boot."""
-    cells = node.guest("scenarios.py", "teardown", f"{STOCK},{GUARD}", path, timeout=600)
-    print(json.dumps(cells, indent=1))
-    for handler in (STOCK, GUARD):
-        assert "error" not in cells[handler], cells[handler]  # type: ignore[operator]
-        figure(record_property, _row(cells[handler]))  # type: ignore[arg-type]
-    guard: dict[str, Any] = cells[GUARD]  # type: ignore[assignment]
-    assert guard["deletes"], f"no journal entry for {guard['container_id']}: {guard}"
-
-
 def test_oom_crash_loop(node: vm.VM, record_property: Any) -> None:
     """Real memcg OOM kills restarted at CrashLoopBackOff's 1 s floor: what stock and runc-guard leave."""
     seconds = float(os.environ.get("RUNC_GUARD_VM_CRASH_LOOP_S", "120"))

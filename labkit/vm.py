@@ -274,8 +274,9 @@ def ensure_disk(cache_root: str = CACHE_ROOT) -> Disk:
     try:
         deb = build_deb(scratch)
         key = _key(
-            root.key, _runtimes_key(), deb_key(deb), AGENT_UNIT, DISK_SCRIPT, ",".join(MASKED), str(sd.STOP_TIMEOUT_S), DISK_SIZE
-        )
+            root.key, _runtimes_key(), deb_key(deb), AGENT_UNIT, DISK_SCRIPT, ",".join(MASKED),
+            str(sd.STOP_TIMEOUT_S), DISK_SIZE,
+        )  # fmt: skip
         target = os.path.join(cache_root, f"disk-{key}")
         stamp = os.path.join(target, "built.json")
         if os.path.exists(stamp):
@@ -296,7 +297,9 @@ def ensure_disk(cache_root: str = CACHE_ROOT) -> Disk:
         log = os.path.join(partial, "build.log")
         try:
             with open(log, "ab") as f:
-                result = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=900, check=False)
+                result = subprocess.run(
+                    argv, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=900, check=False
+                )
             if result.returncode != 0:
                 with open(log, errors="replace") as f:
                     raise RuntimeError(f"building the VM disk failed:\n{f.read()[-3000:]}")
@@ -433,9 +436,10 @@ class VM:
             {"argv": list(argv), "timeout": timeout, "input": input, "env": env or {}}, timeout + 60
         )
         rc = answer.get("rc")
+        status = -9 if rc is None else int(rc)  # type: ignore[call-overload]
         proc = subprocess.CompletedProcess(
-            list(argv), -9 if rc is None else int(rc), str(answer.get("stdout", "")), str(answer.get("stderr", ""))
-        )  # type: ignore[arg-type]
+            list(argv), status, str(answer.get("stdout", "")), str(answer.get("stderr", ""))
+        )
         if check and proc.returncode != 0:
             raise RuntimeError(
                 f"in VM {self.name}: {' '.join(argv)} failed ({proc.returncode}):\n"
@@ -491,8 +495,9 @@ def default_smp() -> int:
 
 def _qemu_argv(disk: Disk, workdir: str, layout: str, smp: int, memory_mb: int) -> list[str]:
     append = (
-        f"root=/dev/vda rw init=/lib/systemd/systemd console=ttyS0 loglevel=4 systemd.unified_cgroup_hierarchy={LAYOUTS[layout]} "
-        "systemd.show_status=0 panic=-1"
+        # minbase has no systemd-sysv (no /sbin/init): name systemd itself.
+        "root=/dev/vda rw init=/lib/systemd/systemd console=ttyS0 loglevel=4 "
+        f"systemd.unified_cgroup_hierarchy={LAYOUTS[layout]} systemd.show_status=0 panic=-1"
     )
     return [
         QEMU,
@@ -507,7 +512,8 @@ def _qemu_argv(disk: Disk, workdir: str, layout: str, smp: int, memory_mb: int) 
         "-initrd", disk.initrd,
         "-append", append,
         "-drive", f"file={disk.image},if=virtio,format=raw,snapshot=on",
-        "-virtfs", f"local,path={os.path.join(workdir, 'share')},mount_tag={SHARE_TAG},security_model=none,id=rgshare",
+        "-virtfs",
+        f"local,path={os.path.join(workdir, 'share')},mount_tag={SHARE_TAG},security_model=none,id=rgshare",
         "-device", "virtio-serial",
         "-chardev", f"socket,id=rgagent,path={os.path.join(workdir, 'agent.sock')},server=on,wait=off",
         "-device", f"virtserialport,chardev=rgagent,name={AGENT_PORT}",
@@ -610,7 +616,8 @@ def main() -> None:
     layout = sys.argv[1] if sys.argv[1:] else UNIFIED
     with tempfile.TemporaryDirectory(prefix="rgvm-") as tmp, booted_vm(tmp, layout) as vm:
         print(f"booted {vm.name} in {vm.boot_s:.1f} s (smp {vm.smp})")
-        print(vm.run("sh", "-c", "uname -r; stat -fc %T /sys/fs/cgroup; cat /sys/fs/cgroup/cgroup.controllers").stdout)
+        probe = "uname -r; stat -fc %T /sys/fs/cgroup; cat /sys/fs/cgroup/cgroup.controllers"
+        print(vm.run("sh", "-c", probe).stdout)
         t = time.monotonic()
         vm.run("true")
         print(f"agent round trip {time.monotonic() - t:.3f} s")

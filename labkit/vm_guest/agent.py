@@ -56,6 +56,7 @@ def serve(fd: int) -> None:
                 timeout=float(request.get("timeout") or 60),  # type: ignore[arg-type]
                 env=env,
                 stdin=None if request.get("input") is not None else subprocess.DEVNULL,
+                check=False,
             )
             body = {"rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
         except subprocess.TimeoutExpired as exc:

@@ -8,10 +8,11 @@ cgroup driver (every container is ``cri-containerd-<id>.scope`` in the pod's
 A slow teardown on pure cgroup v2: the v2 freezer lets SIGKILL through, so the
 lab holds a container's process the way a real node does, in uninterruptible
 I/O. The pod's slice gets ``IOWriteBandwidthMax`` (systemd writes the pod's
-``io.max``) and a child of the container writes ``SLOW_BYTES`` with
-``O_DIRECT``: the write is throttled in the block layer and the task sleeps in D
-state until its bios complete, so a SIGKILL takes effect only then, a time set
-by bytes / rate, not by scheduling luck.
+``io.max``) and a child of the container writes ``SLOW_BYTES`` to a hostPath
+volume and fsyncs (``dd conv=fsync``): cgroup v2 writeback charges those pages
+to the container, the block layer throttles them, and the task sleeps in D
+state (``folio_wait_bit_common``) until they are written, so a SIGKILL takes
+effect only then, a time set by bytes / rate, not by scheduling luck.
 """
 
 from __future__ import annotations
@@ -73,14 +74,20 @@ class Pod:
         })
         self.id = crictl("runp", "--runtime", handler, self.config).stdout.strip()
 
-    def create(self, command: list[str], attempt: int = 0, memory: int = 0) -> str:
+    def create(self, command: list[str], attempt: int = 0, memory: int = 0, data: bool = False) -> str:
         name = f"work-{uuid.uuid4().hex[:8]}"
         resources = {"memory_limit_in_bytes": memory} if memory else {}
+        mounts = []
+        if data:  # a hostPath volume on the node's ext4 (writes bypass the overlay)
+            host = os.path.join(WORK, "data", name)
+            os.makedirs(host)
+            mounts.append({"container_path": "/data", "host_path": host})
         config = write_json(f"{name}.json", {
             "metadata": {"name": "work", "attempt": attempt},
             "image": {"image": BUSYBOX_IMAGE},
             "command": command,
             "log_path": f"{name}.log",
+            "mounts": mounts,
             "linux": {"resources": resources,
                       "security_context": {"namespace_options": {"network": NODE, "pid": CONTAINER}}},
         })
@@ -139,7 +146,8 @@ def deletes(cid: str) -> list[dict[str, object]]:
     found = []
     for line in out.stdout.splitlines():
         entry = json.loads(line)
-        found.append({k.lower(): entry[k] for k in ("OUTCOME", "EXIT_STATUS", "FORCE", "MESSAGE") if k in entry})
+        keys = ("OUTCOME", "EXIT_STATUS", "FORCE", "MESSAGE")
+        found.append({k.lower(): entry[k] for k in keys if k in entry})
     return found
 
 
@@ -201,9 +209,9 @@ def teardown(handler: str, path: str) -> dict[str, object]:
         sh("systemctl", "set-property", "--runtime", pod.slice, f"IOWriteBandwidthMax={device} {RATE}")
         script = (
             "sleep 1000 & sleep 1000 & "
-            f"busybox dd if=/dev/zero of=/slow bs={SLOW_BYTES} count=1 oflag=direct 2>/dev/null & wait"
+            f"busybox dd if=/dev/zero of=/data/slow bs={SLOW_BYTES} count=1 conv=fsync 2>/data/dd.err & wait"
         )
-        cid = pod.create(["/bin/sh", "-c", script])
+        cid = pod.create(["/bin/sh", "-c", script], data=True)
         result["container_id"] = cid
         slow = 0
 
@@ -216,7 +224,8 @@ def teardown(handler: str, path: str) -> dict[str, object]:
             return False
 
         if not wait_for(in_d, 60, 0.05):
-            raise RuntimeError(f"dd never slept in D state: {[(p, comm(p), proc_state(p)) for p in pids_of(cid)]}")
+            seen = [(p, comm(p), proc_state(p)) for p in pids_of(cid)]
+            raise RuntimeError(f"dd never slept in D state: {seen}")
         info = json.loads(crictl("inspect", cid).stdout)
         init = int(info["info"]["pid"])
         killed = time.monotonic()
@@ -270,7 +279,7 @@ def crash_loop(handler: str, seconds: float, backoff: float = 1.0) -> dict[str, 
             ids.append(cid)
             status: dict[str, object] = {}
 
-            def exited() -> bool:
+            def exited(cid: str = cid) -> bool:
                 nonlocal status
                 out = crictl("inspect", cid, check=False)
                 if out.returncode != 0:
@@ -320,7 +329,7 @@ def both(fn, *args: object) -> dict[str, object]:  # type: ignore[no-untyped-def
     def one(handler: str) -> None:
         try:
             results[handler] = fn(handler, *args)
-        except Exception as exc:  # reported to the host, which fails the test with it
+        except Exception as exc:  # noqa: BLE001 -- reported to the host, which fails the test with it
             results[handler] = {"error": repr(exc)}
 
     threads = [threading.Thread(target=one, args=(h,)) for h in HANDLERS]

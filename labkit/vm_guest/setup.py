@@ -79,12 +79,14 @@ def main() -> None:
         sh("ctr", "-n", "k8s.io", "images", "import", tar, timeout=300)
     info = json.loads(sh(CRICTL, "info").stdout)
     runtimes = info.get("config", {}).get("containerd", {}).get("runtimes", {})
+    with open("/etc/runc-guard/config.toml") as f:
+        settings = f.read()
     print(json.dumps({
         "configure": configured.stdout.strip().splitlines(),
         "handlers": {n: {"binary": r.get("options", {}).get("BinaryName"),
                          "systemd": r.get("options", {}).get("SystemdCgroup")} for n, r in runtimes.items()},
         "images": sh(CRICTL, "images", "-q").stdout.split(),
-        "runc_guard_config": open("/etc/runc-guard/config.toml").read().rsplit("[runtimes]", 1)[-1].strip(),
+        "runc_guard_config": settings.rsplit("[runtimes]", 1)[-1].strip(),
     }))
 
 
