@@ -11,7 +11,6 @@ shipped ones, and where that changes what a case means the test prints it.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -56,17 +55,3 @@ def test_node_is_pure_v2_with_systemd_and_the_package(node: vm.VM, record_proper
     assert handlers[STOCK] == {"binary": "/usr/sbin/runc", "systemd": True}, handlers
     figure(record_property, f"vm: booted in {node.boot_s:.0f} s (TCG, {node.smp} vCPU); disk "
            f"{'cached' if node.disk.build_s is None else f'built in {node.disk.build_s:.0f} s'}")
-
-
-def test_oom_crash_loop(node: vm.VM, record_property: Any) -> None:
-    """Real memcg OOM kills restarted at CrashLoopBackOff's 1 s floor: what stock and runc-guard leave."""
-    seconds = float(os.environ.get("RUNC_GUARD_VM_CRASH_LOOP_S", "120"))
-    cells = node.guest("scenarios.py", "crash-loop", f"{STOCK},{GUARD}", str(seconds), timeout=seconds + 600)
-    print(json.dumps(cells, indent=1))
-    for handler in (STOCK, GUARD):
-        cell: dict[str, Any] = cells[handler]  # type: ignore[assignment]
-        assert "error" not in cell, cell
-        figure(record_property, f"vm unified oom-crash-loop {handler:6} {json.dumps(cell, sort_keys=True)}")
-    guard: dict[str, Any] = cells[GUARD]  # type: ignore[assignment]
-    assert guard["restarts"] > 0
-    assert guard["dirs"] == 0 and guard["states"] == 0, guard
