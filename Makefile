@@ -7,9 +7,10 @@ PY := $(VENV)/bin/python
 # debootstrap + systemd-container: the booted-systemd lab of the systemd cgroup
 # driver (systemd-nspawn); prometheus: promtool, which checks and unit-tests the
 # alert rules; strace: stalls an import and injects syscall faults (pidfd_open ENOSYS, /proc EMFILE);
-# gcc + libc6-dev: the CRI suite's static pause binary.
+# gcc + libc6-dev: the CRI suite's static pause binary; qemu-system-x86 + e2fsprogs:
+# the VM lab of a pure cgroup v2 node (qemu under TCG, its disk made by mkfs.ext4 -d).
 APT_PACKAGES := runc containerd crun busybox-static python3-venv systemd util-linux procps make \
-	debootstrap systemd-container prometheus strace gcc libc6-dev
+	debootstrap systemd-container prometheus strace gcc libc6-dev qemu-system-x86 e2fsprogs
 SOURCES := $(shell find runc_guard bin -type f -name '*' -not -name '*.pyc') pyproject.toml
 STAMP := $(VENV)/.installed
 
