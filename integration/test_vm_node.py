@@ -11,13 +11,12 @@ shipped ones, and where that changes what a case means the test prints it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from labkit import vm
+from labkit import prereq, vm
 
 STOCK, GUARD = "stock", "runc"
 
@@ -25,11 +24,7 @@ STOCK, GUARD = "stock", "runc"
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[vm.VM]:
     """The booted VM with containerd configured and the images imported; always powered off."""
-    reason = vm.missing()
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and the VM lab cannot run: {reason}")
-        pytest.skip(reason)
+    prereq.require_none(vm.missing())
     with vm.booted_vm(str(tmp_path_factory.mktemp("rgvm"))) as machine:
         machine.setup = machine.guest("setup.py", timeout=600)  # type: ignore[attr-defined]
         yield machine
