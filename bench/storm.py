@@ -71,8 +71,11 @@ class MemorySampler(threading.Thread):
             self.stop.wait(0.02)
 
 
-def storm(lab: cl.GuardedLab, ns: str, binary: str, delays: list[float]) -> dict[str, Any]:
-    """One storm through ``binary``; returns what it left and what it cost."""
+def storm(
+    lab: cl.GuardedLab, ns: str, binary: str, delays: list[float], settle: float = 60.0
+) -> dict[str, Any]:
+    """One storm through ``binary``: what it left when its last process died and ``settle`` s
+    later (no sweep), and what it cost."""
     ctd = lab.containerd
     tasks = [cl.run_task(ctd, ns, binary, children=3) for _ in delays]
     holds = [FreezerHold.create() for _ in tasks]
@@ -94,25 +97,36 @@ def storm(lab: cl.GuardedLab, ns: str, binary: str, delays: list[float]) -> dict
         wait_for(lambda: all(t.gone() for t in tasks), 120, 0.1)
         wait_for(lambda: not any(t.pids() for t in tasks), 30, 0.1)
         elapsed = time.monotonic() - killed
+        at_end = leftovers(lab, ns, tasks)
+        # What a node has a minute after the storm's last process died, with no sweep run:
+        # runc-guard's finisher works in this time; stock leaks stay.
+        time.sleep(settle)
     finally:
         sampler.stop.set()
         for hold in holds:
             hold.destroy()
     stats = cl.delete_stats(lab.settings, {t.id for t in tasks})
-    left = {t.id: t.cgroup_dirs() for t in tasks}
-    states = [t.id for t in tasks if os.path.exists(ctd.runc_state(ns, t.id))]
-    records = [r for r in cl.pending_records(lab.settings) if r.split("@")[0] in left]
     return {
         "tasks": tasks,
-        "left": left,
-        "dirs": sum(len(d) for d in left.values()),
-        "containers": sum(1 for d in left.values() if d),
-        "states": states,
-        "records": records,
+        **leftovers(lab, ns, tasks),
+        "at_end": at_end,
         "elapsed": elapsed,
         "stats": stats,
         "peak_kb": sampler.peak_kb,
         "peak_count": sampler.peak_count,
+    }
+
+
+def leftovers(lab: cl.GuardedLab, ns: str, tasks: list[Any]) -> dict[str, Any]:
+    """Cgroup dirs, runtime states, pending records and tasks containerd never finished, now."""
+    left = {t.id: t.cgroup_dirs() for t in tasks}
+    return {
+        "left": left,
+        "dirs": sum(len(d) for d in left.values()),
+        "containers": sum(1 for d in left.values() if d),
+        "states": [t.id for t in tasks if os.path.exists(lab.containerd.runc_state(ns, t.id))],
+        "records": [r for r in cl.pending_records(lab.settings) if r.split("@")[0] in left],
+        "unfinished": sum(1 for t in tasks if not t.gone()),
     }
 
 
@@ -144,11 +158,13 @@ def _pct(values: list[int], q: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--containers", type=int, default=200)
-    parser.add_argument("--containerd", choices=["1.6", "2.2"], default="2.2")
+    parser.add_argument("--containerd", choices=["1.6", "2.2", "2.3"], default="2.2")
     parser.add_argument("--runc", choices=["1.1.5", "1.3.4", "1.5.1"], default="1.3.4")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--settle", type=float, default=60.0,
+                        help="seconds after the storm's last process died to count again (no sweep)")
     args = parser.parse_args()
-    build = cl.find_build(cl.CONTAINERD_22 if args.containerd == "2.2" else cl.CONTAINERD_16)
+    build = cl.find_build(args.containerd)
     runc = cl.runc_binary(args.runc)
     if build is None or runc is None:
         print(f"containerd {args.containerd} or runc {args.runc} not found: set RUNC_GUARD_TEST_RUNTIMES")
@@ -166,7 +182,7 @@ def main() -> int:
         with cl.guarded_containerd(workdir, build=build, runc=runc, **node) as lab, \
                 cl.namespace(lab.containerd) as ns:
             for label, binary in ((f"runc {args.runc} (stock)", runc), ("runc-guard", cl.guard_binary())):
-                result = storm(lab, ns, binary, delays)
+                result = storm(lab, ns, binary, delays, args.settle)
                 waited = [int(s["waited_ms"]) for s in result["stats"]]
                 cpu = [int(s.get("cpu_ms", 0)) for s in result["stats"]]
                 outcomes: dict[str, int] = {}
@@ -181,9 +197,12 @@ def main() -> int:
                                           for t in result["tasks"])),
                     }
                     print(f"sweep after the storm: exit {swept['status']} in {swept['seconds']:.1f} s")
+                end = result["at_end"]
                 rows.append([
-                    label, str(len(delays)), str(result["dirs"]), str(result["containers"]),
-                    str(len(result["states"])), str(len(result["records"])),
+                    label, str(len(delays)),
+                    f"{end['dirs']} / {end['containers']} / {len(end['states'])} / {len(end['records'])}",
+                    str(result["dirs"]), str(result["containers"]),
+                    str(len(result["states"])), str(len(result["records"])), str(result["unfinished"]),
                     f"{after['dirs']} / {after['states']}",
                     _pct(waited, 0.5), _pct(waited, 0.99),
                     f"{statistics.median(cpu):.0f}" if cpu else "-",
@@ -199,7 +218,9 @@ def main() -> int:
     print_table(
         f"Crash storm: {len(delays)} Path B crashes at once, containerd {args.containerd}, "
         f"runc {args.runc}, teardowns 0.3-3 s (seed {seed})",
-        ["runtime", "crashes", "dirs left", "containers leaking", "runtime states left", "pending records",
+        ["runtime", "crashes", "at the end: dirs / containers / states / records",
+         f"{args.settle:g} s later, no sweep: dirs left", "containers leaking", "runtime states left",
+         "pending records", "tasks never finished",
          "after sweep: dirs / states", "wait p50 ms", "wait p99 ms", "CPU/delete ms (median)",
          "peak memory, all runc-guard", "outcomes", "storm s"],
         rows,

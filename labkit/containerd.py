@@ -101,7 +101,7 @@ DISABLED_PLUGINS = [
 
 
 #: containerd builds the lab can run (see :func:`find_build`).
-CONTAINERD_16, CONTAINERD_22 = "1.6", "2.2"
+CONTAINERD_16, CONTAINERD_22, CONTAINERD_23 = "1.6", "2.2", "2.3"
 #: runc versions by name (see :func:`runc_binary`): Debian's, and the runtimes tarball's.
 RUNC_1_1_5, RUNC_1_3_4, RUNC_1_5_1 = "1.1.5", "1.3.4", "1.5.1"
 # containerd 2.x splits the CRI into several plugins; every one needs CNI or images.
@@ -139,14 +139,16 @@ def find_build(name: str = CONTAINERD_16) -> Build | None:
     """The containerd build ``name`` (CONTAINERD_16 or CONTAINERD_22), None when absent."""
     if name == CONTAINERD_16:
         return DEBIAN_BUILD
-    if name == CONTAINERD_22:
-        binary = runtimes.find(runtimes.CONTAINERD_2)
-        ctr = runtimes.find(runtimes.CTR_2)
-        shim = runtimes.find(runtimes.SHIM_2)
+    files = {
+        CONTAINERD_22: (runtimes.CONTAINERD_2, runtimes.CTR_2, runtimes.SHIM_2),
+        CONTAINERD_23: (runtimes.CONTAINERD_23, runtimes.CTR_23, runtimes.SHIM_23),
+    }
+    if name in files:
+        binary, ctr, shim = (runtimes.find(f) for f in files[name])
         runc = runtimes.find(runtimes.RUNC_134)
         if binary is None or ctr is None or shim is None or runc is None:
             return None
-        return Build(CONTAINERD_22, binary, ctr, 3, os.path.dirname(shim), runc)
+        return Build(name, binary, ctr, 3, os.path.dirname(shim), runc)
     raise ValueError(f"unknown containerd build {name!r}")
 
 

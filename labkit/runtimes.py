@@ -27,6 +27,10 @@ DEFAULT_DIR = os.path.normpath(os.path.join(_HERE, "..", "..", "shared", "runtim
 CONTAINERD_2 = "containerd"
 SHIM_2 = "containerd-shim-runc-v2"
 CTR_2 = "ctr"
+#: containerd 2.3.4 (today's stable) beside 2.2.2: its own directory, put first on PATH for its shim.
+CONTAINERD_23 = "containerd-2.3.4/containerd"
+SHIM_23 = "containerd-2.3.4/containerd-shim-runc-v2"
+CTR_23 = "containerd-2.3.4/ctr"
 CRICTL = "crictl"
 RUNC_134 = "runc-1.3.4"
 RUNC_151 = "runc-1.5.1"
