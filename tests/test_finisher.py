@@ -57,7 +57,7 @@ def test_it_reruns_the_runtime_removes_the_rest_and_reports(lab: Lab) -> None:
     """Init dead, cgroups empty, the runtime kept its state: its delete runs again, the directories go
     leaf-first, the record is dropped, one entry (outcome finished_late) and a stats line follow."""
     dirs, record = _cut_short(lab, "c1")
-    finisher = run(lab.settings, 60.0, _finisher(lab))
+    finisher = run(lab.settings, 60.0, _finisher(lab), quiet=0)
     assert finisher.finished == ["c1"]
     assert lab.runs() == ["runtime c1"] and not lab.has_state("c1")
     assert not any(lab.fs.exists(d) for d in dirs) and not os.path.exists(record)
@@ -70,7 +70,7 @@ def test_it_waits_for_the_cgroups_and_kills_nothing(lab: Lab) -> None:
     """A process still inside: the finisher waits (never kills) until its window closes; the record
     stays for the sweep."""
     dirs, record = _cut_short(lab, "c1", pids=(4242,))
-    finisher = run(lab.settings, 5.0, _finisher(lab))
+    finisher = run(lab.settings, 5.0, _finisher(lab), quiet=0)
     assert finisher.finished == [] and lab.fs.killed == [] and lab.runs() == []
     assert os.path.exists(record) and all(lab.fs.exists(d) for d in dirs)
     assert lab.fs.waits, "it must wait on the cgroups, not spin"
@@ -79,13 +79,13 @@ def test_it_waits_for_the_cgroups_and_kills_nothing(lab: Lab) -> None:
 def test_it_leaves_a_live_or_unknown_init_alone(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
     """An init that is alive (or cannot be judged) is a running container's: untouched."""
     _, alive = _cut_short(lab, "c1", alive=True)
-    assert run(lab.settings, 1.0, _finisher(lab)).finished == []
+    assert run(lab.settings, 1.0, _finisher(lab), quiet=0).finished == []
     assert os.path.exists(alive) and lab.runs() == []
     import runc_guard.node.finisher as finisher_mod
 
     monkeypatch.setattr(finisher_mod, "init_liveness", lambda *_a: "unknown")
     _, unknown = _cut_short(lab, "c2")
-    assert run(lab.settings, 1.0, _finisher(lab)).finished == []
+    assert run(lab.settings, 1.0, _finisher(lab), quiet=0).finished == []
     assert os.path.exists(unknown) and lab.runs() == []
 
 
@@ -99,7 +99,7 @@ def test_a_serving_shim_owns_the_container(lab: Lab, shim_args: list[str], finis
     containerd's dead-shim cleanup (``... delete``) serves nothing and does not count."""
     _cut_short(lab, "c1", sandbox="sb")
     proc = _fake_proc(lab.tmp, ["/usr/bin/containerd-shim-runc-v2", *shim_args])
-    assert run(lab.settings, 1.0, _finisher(lab, proc)).finished == finished
+    assert run(lab.settings, 1.0, _finisher(lab, proc), quiet=0).finished == finished
 
 
 def test_a_delete_holding_the_claim_keeps_it(lab: Lab) -> None:
@@ -107,7 +107,7 @@ def test_a_delete_holding_the_claim_keeps_it(lab: Lab) -> None:
     _, record = _cut_short(lab, "c1")
     with Claim(lab.settings.pending_dir, lab.root, "c1", lab.clock()) as held:
         assert held == "claimed"
-        assert run(lab.settings, 1.0, _finisher(lab)).finished == []
+        assert run(lab.settings, 1.0, _finisher(lab), quiet=0).finished == []
     assert os.path.exists(record) and lab.runs() == []
 
 
@@ -120,6 +120,17 @@ def test_a_runtime_that_keeps_failing_is_left_to_the_sweep(lab: Lab) -> None:
         body = f.read()
     with open(runtime, "w") as f:  # a runtime that fails and keeps the state, like runc >= 1.2 on EBUSY
         f.write(body.replace(f'rm -rf "{lab.root}/$id"', ":"))
-    finisher = run(lab.settings, 1.0, _finisher(lab))
+    finisher = run(lab.settings, 10.0, _finisher(lab), quiet=0)
     assert finisher.finished == [] and lab.runs().count("runtime c1") == 3
     assert os.path.exists(state_kept) and lab.has_state("c1")
+
+
+def test_nothing_is_done_while_deletes_still_cut_short(lab: Lab) -> None:
+    """For ``quiet`` s after the last new record (a storm's deletes may still run) the finisher only
+    waits: it must not take the CPU those deletes and their runtimes need. Then it acts."""
+    _, record = _cut_short(lab, "c1")
+    started = lab.clock()
+    finisher = run(lab.settings, 0.0, _finisher(lab), quiet=5.0)  # no time left after the quiet period
+    assert finisher.finished == [] and lab.runs() == [] and os.path.exists(record)
+    assert lab.clock() - started >= 5.0
+    assert run(lab.settings, 60.0, _finisher(lab), quiet=5.0).finished == ["c1"]

@@ -39,7 +39,11 @@ from runc_guard.settings import Settings, load
 from runc_guard.spool import spool_dir
 
 #: How long one pass waits for a recorded cgroup to change before looking again.
-POLL = 0.25
+POLL = 0.5
+#: No record acted on while deletes are still cutting short: a crash storm's deletes all
+#: reply within containerd's 5 s cleanup budget, and the finisher must not take the CPU
+#: they (and the runtimes they run) need. So it acts once no new record appeared for this long.
+QUIET = 5.0
 #: A runtime's delete gets this long; the removal after it, this long.
 RUNTIME_BUDGET = 10.0
 REMOVE_BUDGET = 2.0
@@ -166,11 +170,13 @@ def _reset_scope(record: PendingRecord, fs: CgroupFsOps, deadline: float) -> dic
 
 
 def run(
-    settings: Settings, window: float, finisher: Finisher | None = None, seen: set[str] | None = None
+    settings: Settings, window: float, finisher: Finisher | None = None, seen: set[str] | None = None,
+    quiet: float = QUIET,
 ) -> Finisher:
-    """Pass over the records until none is left, or ``window`` s pass without a new one.
+    """Pass over the records until none is left, or ``quiet`` + ``window`` s pass without a new one.
 
-    ``seen`` collects the record files looked at (the caller's, across runs).
+    Nothing is done until no new record has appeared for ``quiet`` s. ``seen``
+    collects the record files looked at (the caller's, across runs).
     """
     finisher = finisher or Finisher(settings)
     seen = set() if seen is None else seen
@@ -180,8 +186,14 @@ def run(
         if names - seen:
             last_new = finisher.now()
         seen |= names
+        if not names or finisher.now() - last_new >= quiet + window:
+            return finisher
+        if finisher.now() - last_new < quiet:
+            wait = min(POLL, quiet - (finisher.now() - last_new))
+            finisher.fs.wait_for_change([], wait, wait)
+            continue
         pending, populated = finisher.pass_once()
-        if pending == 0 or finisher.now() - last_new >= window:
+        if pending == 0:
             return finisher
         finisher.fs.wait_for_change(populated, POLL, POLL * 4)
 
