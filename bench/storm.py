@@ -161,6 +161,8 @@ def main() -> int:
     parser.add_argument("--containerd", choices=["1.6", "2.2", "2.3"], default="2.2")
     parser.add_argument("--runc", choices=["1.1.5", "1.3.4", "1.5.1"], default="1.3.4")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--finish-window", default=None, metavar="SECONDS",
+                        help="runc-guard's finish_window (default: as shipped; 0: no finisher)")
     parser.add_argument("--settle", type=float, default=60.0,
                         help="seconds after the storm's last process died to count again (no sweep)")
     args = parser.parse_args()
@@ -179,6 +181,8 @@ def main() -> int:
         # The node's reporter linger (the labs use 0 so that tests see each entry at once):
         # in a storm one reporter then serves every delete, as on a node.
         node = {"RUNC_GUARD_REPORTER_LINGER": str(Settings().reporter_linger)}
+        if args.finish_window is not None:
+            node["RUNC_GUARD_FINISH_WINDOW"] = args.finish_window
         with cl.guarded_containerd(workdir, build=build, runc=runc, **node) as lab, \
                 cl.namespace(lab.containerd) as ns:
             for label, binary in ((f"runc {args.runc} (stock)", runc), ("runc-guard", cl.guard_binary())):

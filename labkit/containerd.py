@@ -622,9 +622,43 @@ def path_b_crash(
 
 
 def remove_dirs(paths: list[str]) -> None:
+    """rmdir leaf-first; a busy one raises naming who keeps it busy, in every hierarchy.
+
+    Issue 21's case 13 (a containerd 1.6 + runc 1.1.5 cell once found one process
+    keeping the blkio cgroup busy while memory read empty) was never caught with
+    enough facts: the error now carries each path's pids and, per pid, its
+    /proc cgroup membership, state and command line.
+    """
     for path in sorted(paths, key=lambda p: -p.count("/")):
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.rmdir(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise OSError(exc.errno, f"{exc.strerror}: {path}\n{busy_report(paths)}") from exc
+
+
+def busy_report(paths: list[str]) -> str:
+    """Who is in ``paths`` (cgroup.procs per path), and each pid's own view of its cgroups."""
+    lines = []
+    seen: set[int] = set()
+    for path in sorted(paths):
+        pids = procs(path) if os.path.isdir(path) else []
+        lines.append(f"  {path}: {pids}")
+        seen.update(pids)
+    for pid in sorted(seen):
+        facts = []
+        for name in ("cgroup", "cmdline", "status"):
+            try:
+                with open(f"/proc/{pid}/{name}", "rb") as f:
+                    raw = f.read(4096).replace(b"\0", b" ").decode("utf-8", "replace")
+            except OSError as err:
+                raw = f"({err.strerror})"
+            if name == "status":
+                raw = " ".join(x for x in raw.splitlines() if x.startswith(("State:", "PPid:", "NSpid:")))
+            facts.append(f"{name}: {raw.strip()}")
+        lines.append(f"  pid {pid}: " + " | ".join(facts))
+    return "\n".join(lines)
 
 
 def guard_events(settings: dict[str, str], event: str | None = None) -> list[dict[str, Any]]:
