@@ -338,17 +338,16 @@ def test_doctor_says_containers_use_the_systemd_driver(machine: sl.Machine, ns: 
 
 
 @pytest.mark.parametrize("runtime", ["guard-1.1.5", "guard-1.3.4"])
-def test_guard_reports_before_containerds_kill_and_the_finisher_finishes(
+def test_guard_reports_before_containerds_kill_and_the_retry_finishes(
     machine: sl.Machine, ns: str, runtime: str, summary: list[str]
 ) -> None:
     """Teardown 6 s through runc-guard: it stops the scope through systemd, reports at its deadline.
 
     containerd never has to kill it (no ``signal: killed``); its journal entry
-    names the unit and says ``deadline``. Then, with no retry and no sweep (the
-    dead-shim path never retries), runc-guard's finisher completes it once the
-    children are gone: runs the runtime's delete for its kept state, removes
-    the v1 leftovers and resets the scope the stop left failed; its entry says
-    ``finished_late``, and nothing is left: no dirs, no unit, no state, no record.
+    names the unit and says ``deadline``; the pending record and runc's state
+    stay. The next delete of the same id (what containerd's retry or the
+    sweep's re-drive runs) resets the now failed, empty scope through systemd,
+    runs the runtime's delete and removes the v1 leftovers: nothing is left.
     """
     guard = needs(runtime)
     records_before = set(sl.pending_records(machine))
@@ -359,31 +358,37 @@ def test_guard_reports_before_containerds_kill_and_the_finisher_finishes(
         assert not [e for e in crash.containerd_errors if "signal: killed" in e]
         first = sl.guard_stats(machine, task.id)[0]
         assert first["outcome"] == "deadline", sl.guard_stats(machine, task.id)
+        entries: list[dict[str, object]] = []
 
-        def entry(outcome: str) -> dict[str, object] | None:  # sent by a detached reporter
-            found = [e for e in machine.journal("SYSLOG_IDENTIFIER=runc-guard", "EVENT=delete",
-                                                f"OUTCOME={outcome}")
-                     if task.id in str(e.get("MESSAGE"))]  # fmt: skip
-            return found[-1] if found else None
+        def reported() -> bool:  # sent by the reporter the delete detached, after it returned
+            entries[:] = [
+                e for e in machine.journal("SYSLOG_IDENTIFIER=runc-guard", "EVENT=delete")
+                if task.id in str(e.get("MESSAGE"))
+            ]
+            return bool(entries)
 
-        assert wait_for(lambda: entry("deadline") is not None)
-        scope = json.loads(str(entry("deadline")["SYSTEMD_SCOPE"]))  # type: ignore[index]
+        assert wait_for(reported)
+        scope = json.loads(str(entries[-1]["SYSTEMD_SCOPE"]))
         # Waited for systemd's stop until the deadline (no 'signal: killed' above: inside
         # containerd's budget); how long is a figure, not a threshold.
         assert scope["unit"] == task.unit and scope["outcome"] == "still_busy"
         summary.append(f"{runtime:<12} scope stop waited {scope['waited_ms']} ms, then deadline")
-        assert wait_for(lambda: entry("finished_late") is not None, 30), sl.guard_stats(machine, task.id)
-        late = entry("finished_late")
-        assert late is not None
-        assert wait_for(lambda: task.host_dirs() == [], 10), task.host_dirs()
+        assert set(sl.pending_records(machine)) - records_before
+        assert crash.state_left and crash.unit["ActiveState"] == "failed"
+        seen = len(entries)
+        retry = machine.run(
+            guard, "--root", f"{sl.RUNC_ROOT}/{ns}", "delete", "--force", task.id, check=False
+        )
+        assert retry.returncode == 0, retry.stderr
+        assert wait_for(lambda: reported() and len(entries) > seen)
+        after = json.loads(str(entries[-1]["SYSTEMD_SCOPE"]))
+        assert after["outcome"] == "reset_failed"
+        assert task.host_dirs() == []
         assert task.unit_state()["LoadState"] == "not-found"
         assert not os.path.exists(task.runc_state())
         assert set(sl.pending_records(machine)) == records_before
-        after = json.loads(str(late.get("SYSTEMD_SCOPE_AFTER", "null")))
         summary.append(
-            f"{runtime:<12} finisher: {late.get('SINCE_RECORD_MS')} ms after its record, runtime re-run "
-            f"{late.get('RUNTIME_RUNS')}, scope {after['outcome'] if after else 'collected by systemd'}, "
-            "0 dirs, record cleared"
+            f"{runtime:<12} retry: exit 0, scope reset_failed -> collected, 0 dirs, record cleared"
         )
     finally:
         sl.remove_task(task)

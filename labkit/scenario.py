@@ -37,8 +37,6 @@ def guard_env(workdir: str, **overrides: str) -> dict[str, str]:
         RUNC_GUARD_JOURNAL_SOCKET=os.path.join(workdir, "no-journald.socket"),
         # the reporter exits as soon as the spool is empty: a test waits for it (wait_reported)
         RUNC_GUARD_REPORTER_LINGER="0",
-        # a finisher gives up on what it cannot finish 5 s after the last cut-short delete (not 60)
-        RUNC_GUARD_FINISH_WINDOW="5",
     )
     env.update(overrides)
     return env

@@ -39,7 +39,9 @@ def test_a_cut_short_delete_is_finished_after_the_reply(shim_binary: str, workdi
 
     with container_with_hold(workdir, children=3, held=2) as (ctr, hold):
         os.kill(ctr.init_pid(), signal.SIGKILL)
-        env = guard_env(workdir, RUNC_GUARD_RUNTIME=RUNC, RUNC_GUARD_DELETE_TIMEOUT="1")
+        # The finisher is opt-in (settings.DEFAULT_FINISH_WINDOW): on, for 5 s after its quiet period.
+        env = guard_env(workdir, RUNC_GUARD_RUNTIME=RUNC, RUNC_GUARD_DELETE_TIMEOUT="1",
+                        RUNC_GUARD_FINISH_WINDOW="5")
         done = _delete(shim_binary, ctr.root, ctr.id, env)
         pending = os.path.join(workdir, "pending")
         assert done.returncode == 75, done.stderr
