@@ -21,7 +21,7 @@ import structlog
 
 from runc_guard import journal
 from runc_guard.atomic import append_line
-from runc_guard.spool import pending_files, read_spooled, try_lock
+from runc_guard.spool import keep_only_stdio_and, pending_files, read_spooled, try_lock
 
 #: How long the reporter lets a full journald keep it per entry before it uses the file.
 JOURNAL_WAIT = 2.0
@@ -130,16 +130,9 @@ def send_spooled(path: str, loggers: dict[tuple[str, str], Any]) -> int:
 def reporter_main(directory: str, linger: float, held: int) -> None:
     """The detached reporter (``delete.report.detach_reporter`` starts it in a session of its own).
 
-    ``held`` is the spool's lock, taken for it by the delete that started it. First
-    it closes every other fd it inherited but stdio (/dev/null): a pipe or the
-    claim flock of that delete must not outlive the delete.
+    ``held`` is the spool's lock, taken for it by the delete that started it.
     """
-    try:
-        top = os.sysconf("SC_OPEN_MAX")
-    except (OSError, ValueError):
-        top = 1 << 20
-    os.closerange(3, held)
-    os.closerange(held + 1, top)
+    keep_only_stdio_and(held)
     drain_spool(directory, linger, held=held)
 
 

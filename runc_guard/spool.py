@@ -99,3 +99,16 @@ def try_lock(directory: str, name: str = LOCK) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+def keep_only_stdio_and(held: int) -> None:
+    """A detached helper's first act: close every inherited fd but stdio (/dev/null) and its lock.
+
+    A pipe or the claim flock of the delete that started it must not outlive that delete.
+    """
+    try:
+        top = os.sysconf("SC_OPEN_MAX")
+    except (OSError, ValueError):
+        top = 1 << 20
+    os.closerange(3, held)
+    os.closerange(held + 1, top)

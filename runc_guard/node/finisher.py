@@ -36,7 +36,7 @@ from runc_guard.delete.state import read_state, runtime_state_exists
 from runc_guard.errors import StateMissing, StateUnreadable
 from runc_guard.procinfo import DEAD, init_liveness
 from runc_guard.settings import Settings, load
-from runc_guard.spool import spool_dir
+from runc_guard.spool import keep_only_stdio_and, spool_dir
 
 #: How long one pass waits for a recorded cgroup to change before looking again.
 POLL = 0.5
@@ -208,12 +208,7 @@ def finisher_main(held: int) -> None:
     more: a delete that found the lock held started no finisher of its own, so
     a record it has not seen yet means another round.
     """
-    try:
-        top = os.sysconf("SC_OPEN_MAX")
-    except (OSError, ValueError):
-        top = 1 << 20
-    os.closerange(3, held)
-    os.closerange(held + 1, top)
+    keep_only_stdio_and(held)
     try:
         os.nice(10)
     except OSError:
