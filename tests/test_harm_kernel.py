@@ -140,3 +140,38 @@ def test_kill_stragglers_false_lets_the_runtime_kill(
     assert guard.row() == (0, 0, 0, False), guard
     entry = _entry(workdir, guard_ctr.id)
     assert entry["stragglers_killed"] == [] and entry["runtime_runs"] == 1
+
+
+def test_a_runtime_stopped_mid_destroy_does_not_leave_the_freezer_frozen(
+    shim_binary: str, workdir: str
+) -> None:
+    """runc 1.1's destroy freezes the container's v1 freezer, SIGKILLs, then thaws. A runtime stopped in
+    between (here: it freezes, then hangs past runc-guard's deadline) left the freezer FROZEN for good, so
+    the SIGKILLed processes sat in state D and the cgroups could never empty (a crash storm in CI showed
+    ``sleep`` in D in every hierarchy). runc-guard now thaws the container's own freezer when it stops the
+    runtime: the process dies, the freezer reads THAWED. Control: the same runtime stopped by timeout(1)
+    alone, as containerd's kill stops stock runc, leaves it FROZEN."""
+    from labkit.kernel import crafted_container, script
+
+    for front in ("stock", "guard"):
+        with crafted_container(workdir) as ctr:
+            inside = ctr.add_process(("memory", "freezer", "unified"))
+            freezer = os.path.join(ctr.dir_in("freezer"), "freezer.state")
+            body = f"echo FROZEN > {freezer}; kill -9 {inside.pid}; exec sleep 60"
+            runtime = script(os.path.join(workdir, f"rt-{front}"), body)
+            if front == "stock":
+                argv = [runtime, "--root", ctr.root, "delete", "--force", ctr.id]
+                subprocess.run(["timeout", "-s", "KILL", "1", *argv], check=False, timeout=30)
+                with open(freezer) as f:
+                    assert f.read().strip() == "FROZEN"  # the control: left frozen, the process stuck
+                assert inside.poll() is None
+                continue
+            env = guard_env(workdir, RUNC_GUARD_RUNTIME=runtime, RUNC_GUARD_DELETE_TIMEOUT="1")
+            argv = [shim_binary, "--root", ctr.root, "delete", "--force", ctr.id]
+            done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, timeout=60)
+            assert done.returncode == 75, done.stderr
+            with open(freezer) as f:
+                assert f.read().strip() == "THAWED"
+            assert wait_for(lambda p=inside: p.poll() is not None, 10), "the pending SIGKILL must land"
+            entry = _entry(workdir, ctr.id)
+            assert entry["thawed"] == [os.path.dirname(freezer)], entry

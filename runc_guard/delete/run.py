@@ -259,6 +259,8 @@ class DeleteRun:
         self.canonical["runtime_runs"] += 1
         run = run_runtime_child(self.runtime, self.args, deadline, self.clock)
         self.canonical["runtime_ms"] = self.canonical.get("runtime_ms", 0) + run.waited_ms
+        if run.timed_out or run.signalled is not None or run.status >= 128:
+            self._thaw_left_frozen()
         if run.signalled is not None:
             # The caller stopped us and so the runtime; its answer is our status.
             name = signal_name(run.signalled)
@@ -269,6 +271,30 @@ class DeleteRun:
                 "deadline", EXIT_CGROUP_BUSY, str(RuntimeDeadline(self.runtime, run.waited_ms)), True
             )
         return run
+
+    def _thaw_left_frozen(self) -> None:
+        """Thaw the container's own v1 freezer if a runtime stopped mid-destroy left it FROZEN.
+
+        runc 1.1's destroy of a host-PID container freezes the container's freezer
+        cgroup, SIGKILLs every process, then thaws (signalAllProcesses). Stopped in
+        between (our deadline, a signal, containerd's kill), it leaves the freezer
+        FROZEN: the SIGKILLs stay pending and the cgroups can never empty (seen in
+        a crash storm: ``sleep`` in state D, in every hierarchy, for good). Thawing
+        is what runc itself would have done next; only a path of this container's
+        own (``self.paths``, proven at the start) is written, and only where the
+        v1 freezer says FROZEN or FREEZING.
+        """
+        for path in self.paths:
+            state_file = os.path.join(path, "freezer.state")
+            try:
+                with open(state_file, "rb") as f:
+                    frozen = f.read().strip() in (b"FROZEN", b"FREEZING")
+                if frozen:
+                    with open(state_file, "wb") as f:
+                        f.write(b"THAWED")
+                    self.canonical.setdefault("thawed", []).append(path)
+            except OSError:
+                continue  # not a v1 freezer cgroup, or gone
 
     def _without_state(self, reason: str) -> None:
         """No state: finish a pending record if one is left, else this is a plain passthrough."""
