@@ -38,7 +38,11 @@ def storm_lab(
 
 
 def test_storm_leaves_nothing_where_stock_runc_leaks(summary: list[str], storm_lab: cl.GuardedLab) -> None:
-    """The same 50 crashes: stock runc leaks, runc-guard leaves 0 directories and 0 records."""
+    """The same 50 crashes: stock runc leaks; runc-guard leaves 0 directories, or says why.
+
+    A delete the host starved past its deadline exits 75 and keeps its record (for
+    the finisher or the sweep); no container may leak without one.
+    """
     with cl.namespace(storm_lab.containerd) as ns:
         _storm(summary, storm_lab, storm_lab.containerd, ns)
 
@@ -67,12 +71,25 @@ def _storm(summary: list[str], guarded: cl.GuardedLab, ctd: cl.Containerd, ns: s
         f"max {max(waited) if waited else '-'} ms",
     ])
     ours = set(guard.task_ids)
-    reasons = [(e.get("outcome"), e.get("reason")) for e in cl.guard_events(guarded.settings, "delete")
-               if e.get("container_id") in ours and e.get("outcome") not in ("removed", "already_gone")]
-    assert guard.leaked_dirs == 0, reasons
-    assert records == []
-    # "already_gone": the children died inside runc's own ~150 ms rmdir window.
-    assert len(outcomes) == CYCLES
-    assert set(outcomes) <= {"removed", "already_gone"}, outcomes
+    by_outcome = {str(e.get("container_id")): e for e in cl.guard_events(guarded.settings, "delete")
+                  if e.get("container_id") in ours}
+    reasons = [(e.get("outcome"), e.get("reason")) for e in by_outcome.values()
+               if e.get("outcome") not in ("removed", "already_gone")]
+    try:
+        assert len(outcomes) == CYCLES
+        # "already_gone": the children died inside runc's own ~150 ms rmdir window.
+        # "deadline": a CI machine running other suites beside this one can starve a
+        # delete past its 4 s; then it must say so (exit 75) and keep its record for
+        # the sweep -- a leak without a record is the incident itself.
+        assert set(outcomes) <= {"removed", "already_gone", "deadline"}, reasons
+        cut_short = {cid for cid, e in by_outcome.items() if e.get("outcome") == "deadline"}
+        assert set(guard.leaking_ids) <= cut_short, (guard.leaking_ids, reasons)
+        assert {r.split("@")[0] for r in records} == cut_short, (records, reasons)
+        assert all(by_outcome[cid].get("exit_status") == 75 for cid in cut_short), reasons
+        # Removal, not the deadline, is what the storm is about: most deletes finish.
+        assert len(cut_short) < CYCLES // 4, reasons
+    finally:
+        for name in records:
+            os.unlink(os.path.join(guarded.settings["RUNC_GUARD_PENDING_DIR"], name))
     # The control: the harness still reproduces the incident for most crashes.
     assert stock.leaking_containers >= CYCLES // 2, stock

@@ -867,6 +867,7 @@ class StormResult:
     leaking_containers: int = 0
     waited_ms: list[int] = field(default_factory=list)
     task_ids: list[str] = field(default_factory=list)
+    leaking_ids: list[str] = field(default_factory=list)
 
 
 def crash_storm(
@@ -881,6 +882,8 @@ def crash_storm(
         result.leaked_dirs += len(crash.left)
         result.leaking_containers += bool(crash.left)
         result.task_ids.append(crash.task_id)
+        if crash.left:
+            result.leaking_ids.append(crash.task_id)
         remove_dirs(crash.left)
         if progress is not None:
             progress(label, i, len(delays), crash)
