@@ -163,6 +163,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--finish-window", default=None, metavar="SECONDS",
                         help="runc-guard's finish_window (default: as shipped; 0: no finisher)")
+    parser.add_argument("--only-guard", action="store_true",
+                        help="skip the stock run (quicker experiments; the table then has no control)")
     parser.add_argument("--settle", type=float, default=60.0,
                         help="seconds after the storm's last process died to count again (no sweep)")
     args = parser.parse_args()
@@ -185,7 +187,8 @@ def main() -> int:
             node["RUNC_GUARD_FINISH_WINDOW"] = args.finish_window
         with cl.guarded_containerd(workdir, build=build, runc=runc, **node) as lab, \
                 cl.namespace(lab.containerd) as ns:
-            for label, binary in ((f"runc {args.runc} (stock)", runc), ("runc-guard", cl.guard_binary())):
+            runs = [(f"runc {args.runc} (stock)", runc), ("runc-guard", cl.guard_binary())]
+            for label, binary in runs[1:] if args.only_guard else runs:
                 result = storm(lab, ns, binary, delays, args.settle)
                 waited = [int(s["waited_ms"]) for s in result["stats"]]
                 cpu = [int(s.get("cpu_ms", 0)) for s in result["stats"]]
@@ -216,6 +219,8 @@ def main() -> int:
                 ])
                 if binary != runc:
                     reasons = deadline_reasons(lab.settings, {t.id for t in result["tasks"]})
+                    unfinished = [t.id for t in result["tasks"] if not t.gone()]
+                    why_unfinished(lab, unfinished)
                 cl.remove_namespace(lab.containerd, ns)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -232,6 +237,22 @@ def main() -> int:
     print_table("Why runc-guard's deletes ended at the deadline (reason, numbers elided)",
                 ["reason", "deletes"], [[r, str(n)] for r, n in reasons])
     return 0
+
+
+def why_unfinished(lab: cl.GuardedLab, ids: list[str]) -> None:
+    """For each task containerd never finished: runc-guard's own account and containerd's."""
+    if not ids:
+        return
+    ours: dict[str, list[str]] = {i: [] for i in ids}
+    for entry in cl.guard_events(lab.settings):
+        cid = str(entry.get("container_id"))
+        if cid in ours:
+            ours[cid].append(f"{entry.get('event')}:{entry.get('outcome', '')}:{entry.get('total_ms', '')}ms")
+    rows = []
+    for cid in ids:
+        lines = [ln for ln in lab.containerd.log_lines_for(cid) if "level=error" in ln or "level=warn" in ln]
+        rows.append([cid[-12:], " ".join(ours[cid]) or "(no entry)", (lines[0][:160] if lines else "-")])
+    print_table("Tasks containerd never finished", ["task", "runc-guard", "containerd's first warning"], rows)
 
 
 def deadline_reasons(settings: dict[str, str], ids: set[str]) -> list[tuple[str, int]]:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+import runc_guard.delete.paths as paths_mod
 import runc_guard.delete.report as report_mod
 import runc_guard.delete.run as delete_mod
 from runc_guard.delete.pending import PendingRecord, record_path, write_record
@@ -889,7 +890,7 @@ def test_a_forward_clock_step_does_not_make_cgroups_look_older_than_the_init(
     notes the step. Control: without 'created' to bound it, the same directories look older and the
     delete steps aside, as every delete did before."""
     created = time.time()
-    monkeypatch.setattr(delete_mod, "start_wall_time", lambda _start: created + 7200.0)
+    monkeypatch.setattr(paths_mod, "start_wall_time", lambda _start: created + 7200.0)
     dirs = lab.container("c1", alive=False, mtime=created - 0.2)
     state_file = os.path.join(lab.root, "c1", "state.json")
     with open(state_file) as f:

@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 
 import runc_guard.delete.report as report_mod
+from runc_guard.delete.aside import OVERLOAD, iter_aside, write_aside
 from runc_guard.delete.pending import Claim, PendingRecord, record_path, write_record
 from runc_guard.logs import drain_spool
 from runc_guard.node.finisher import Finisher, run
 from runc_guard.procinfo import start_time
 from tests.fakes import FakeCgroupFs, FakeClock
-from tests.test_delete_unit import DEAD_PID, DEAD_START, Lab
+from tests.test_delete_unit import DEAD_PID, DEAD_START, Lab, mounts
 
 
 @pytest.fixture
@@ -41,7 +42,16 @@ def _cut_short(lab: Lab, cid: str, *, pids: tuple[int, ...] = (), alive: bool = 
 
 
 def _finisher(lab: Lab, proc: str = "/proc") -> Finisher:
-    return Finisher(lab.settings, fs=lab.fs, clock=lab.clock, proc=proc)
+    return Finisher(lab.settings, fs=lab.fs, clock=lab.clock, proc=proc, mounts=mounts)
+
+
+def _overloaded(lab: Lab, cid: str, *, kind: str = OVERLOAD, **container: Any) -> tuple[list[str], str]:
+    """What a delete that stepped aside at start-up overload leaves once the runtime ran alone and
+    failed on a busy cgroup (runc >= 1.2): its state kept, the cgroups, an aside record naming none."""
+    dirs = lab.container(cid, **container)
+    path = write_aside(lab.settings.cache_dir, lab.root, cid, [], "all slots busy", kind, lab.runtime())
+    assert path is not None
+    return dirs, path
 
 
 def _fake_proc(tmp: str, cmdline: list[str]) -> str:
@@ -134,3 +144,52 @@ def test_nothing_is_done_while_deletes_still_cut_short(lab: Lab) -> None:
     assert finisher.finished == [] and lab.runs() == [] and os.path.exists(record)
     assert lab.clock() - started >= 5.0
     assert run(lab.settings, 60.0, _finisher(lab), quiet=5.0).finished == ["c1"]
+
+
+def test_it_finishes_what_an_overloaded_delete_left_to_the_runtime(lab: Lab) -> None:
+    """Start-up overload: the runtime ran alone and kept its state. Once containerd is done (no
+    bundle), the init dead and the cgroups empty, the finisher re-runs the runtime's delete with the
+    runtime the record names, removes the directories the state names, drops the aside record."""
+    dirs, aside = _overloaded(lab, "c1")
+    finisher = run(lab.settings, 60.0, _finisher(lab), quiet=0)
+    assert finisher.finished == ["c1"]
+    assert lab.runs() == ["runtime c1"] and not lab.has_state("c1")
+    assert not any(lab.fs.exists(d) for d in dirs) and not os.path.exists(aside)
+    entry = lab.entry()
+    assert (entry["outcome"], entry["left_by"], entry["removed"]) == ("finished_late", "overload", 2)
+
+
+@pytest.mark.parametrize("why", ["bundle", "alive", "not_its_own", "unsure", "no_state", "busy"])
+def test_an_overload_record_is_left_alone_unless_everything_proves_it_done(lab: Lab, why: str) -> None:
+    """Kept as it is (record, state, directories; nothing killed, no runtime run): containerd still
+    holds the bundle; the init lives; the state names cgroups that are not the container's own; an
+    aside record of another kind (runc-guard could not prove something); no state left to prove
+    anything (runc 1.1 drops it: the sweep's); a process still inside (the finisher waits)."""
+    bundle = os.path.join(lab.tmp, "bundle-c1")
+    os.makedirs(bundle)
+    container: dict[str, Any] = {
+        "bundle": {"labels": {"bundle": bundle}},
+        "alive": {"alive": True},
+        "not_its_own": {"relative": "/rgt/someone-else"},
+        "busy": {"pids": (4242,)},
+    }.get(why, {})
+    kind = "unsure" if why == "unsure" else OVERLOAD
+    dirs, aside = _overloaded(lab, "c1", kind=kind, **container)
+    if why == "no_state":
+        import shutil
+
+        shutil.rmtree(os.path.join(lab.root, "c1"))
+    finisher = run(lab.settings, 2.0, _finisher(lab), quiet=0)
+    assert finisher.finished == [] and lab.runs() == [] and lab.fs.killed == []
+    assert os.path.exists(aside) and all(lab.fs.exists(d) for d in dirs)
+    assert [p for p, _ in iter_aside(lab.settings.cache_dir)] == [aside]
+
+
+def test_the_bundle_rule_is_what_held_it(lab: Lab) -> None:
+    """The control of the bundle case: the same container is finished once containerd drops its bundle."""
+    bundle = os.path.join(lab.tmp, "bundle-c1")
+    os.makedirs(bundle)
+    _overloaded(lab, "c1", labels={"bundle": bundle})
+    assert run(lab.settings, 2.0, _finisher(lab), quiet=0).finished == []
+    os.rmdir(bundle)
+    assert run(lab.settings, 2.0, _finisher(lab), quiet=0).finished == ["c1"]

@@ -105,3 +105,9 @@ def test_overloaded_delete_steps_aside_to_the_runtime(shim_binary: str, tmp_path
     with open(argv_file) as f:
         assert f.read().split() == ["--root", root, "delete", "--force", "c1"]
     assert not os.path.exists(os.path.join(tmp, "pending")), "stepping aside records nothing"
+    # ... but an aside record, naming the runtime that ran alone, for audit and a finisher
+    from runc_guard.delete.aside import OVERLOAD, iter_aside
+
+    ((_, doc),) = list(iter_aside(cache))
+    assert doc is not None
+    assert (doc["kind"], doc["runtime"], doc["container_id"]) == (OVERLOAD, runtime, "c1")

@@ -31,14 +31,22 @@ def aside_dir(cache_dir: str) -> str:
     return os.path.join(cache_dir, ASIDE_DIR)
 
 
+#: ``kind`` of an aside record written at start-up overload: nothing was judged, only the
+#: load was too high. The finisher may finish these (node.finisher); every other kind means
+#: runc-guard could not prove something, and only the sweep's own rules act on it.
+OVERLOAD = "overload"
+
+
 def write_aside(
-    cache_dir: str, runtime_root: str, container_id: str, cgroup_paths: list[str], reason: str
+    cache_dir: str, runtime_root: str, container_id: str, cgroup_paths: list[str], reason: str,
+    kind: str = "unsure", runtime: str = "",
 ) -> str | None:
     """Record a stepped-aside delete's leftovers; the file's path, or None if it cannot be written.
 
     Best effort and small: the delete's own entry already says it stepped aside.
     ``cgroup_paths`` may be empty when the delete stepped aside before reading any
-    state (start-up overload): audit then looks the id up itself.
+    state (start-up overload): audit then looks the id up itself. ``runtime``: the
+    runtime it ran alone, for a finisher that re-runs its delete.
     """
     path = record_path(aside_dir(cache_dir), runtime_root, container_id)
     doc = {
@@ -46,6 +54,8 @@ def write_aside(
         "runtime_root": runtime_root,
         "cgroup_paths": cgroup_paths,
         "reason": reason,
+        "kind": kind,
+        "runtime": runtime,
         "created": round(time.time(), 3),
     }
     try:

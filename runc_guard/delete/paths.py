@@ -22,6 +22,7 @@ import os
 from runc_guard.delete.cgroupfs import CGROUP_MAGICS, CgroupFsOps
 from runc_guard.delete.state import ContainerState
 from runc_guard.errors import UnsafeCgroupPath
+from runc_guard.procinfo import start_wall_time
 from runc_guard.values import Value
 
 TYPE_CHECKING = False
@@ -108,6 +109,26 @@ def _is_id(name: str) -> bool:
 #: A directory modified this long before the container's init started is taken to
 #: have existed before the container (clock ticks, wall-clock steps, scheduling).
 CREATED_MARGIN = 1.0
+
+
+def init_started_wall(state: ContainerState) -> tuple[float | None, float | None]:
+    """When the container's init started on the wall clock that stamped its cgroups, and the
+    forward clock step that bounded it (None: no step seen).
+
+    The start time is in ticks since boot; turning it into wall-clock time with
+    today's boot time is wrong by every wall-clock step since (chrony's makestep,
+    a resumed VM). runc stamps ``created`` after the init started and its
+    cgroups were made, so an estimate later than ``created`` can only be such
+    a forward step: then ``created`` bounds it. A backward step only makes the
+    check more lenient.
+    """
+    if not state.init_start:
+        return None, None
+    estimate = start_wall_time(state.init_start)
+    if state.created > 0 and estimate > state.created:
+        step = estimate - state.created
+        return state.created, (round(step, 3) if step > CREATED_MARGIN else None)
+    return estimate, None
 
 
 class Ownership(Value):

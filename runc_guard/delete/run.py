@@ -41,7 +41,7 @@ from runc_guard.delete.cleanup import (
     live_pids,
 )
 from runc_guard.delete.outcomes import ALREADY_GONE, REMOVED, UNKNOWN, WARNING_OUTCOMES
-from runc_guard.delete.paths import CREATED_MARGIN, check_container_paths, check_path
+from runc_guard.delete.paths import check_container_paths, check_path, init_started_wall
 from runc_guard.delete.pending import (
     BUSY,
     Claim,
@@ -72,7 +72,7 @@ from runc_guard.errors import (
     StateUnreadable,
     UnsafeCgroupPath,
 )
-from runc_guard.procinfo import ALIVE, DEAD, deadline_origin, init_liveness, start_wall_time
+from runc_guard.procinfo import ALIVE, DEAD, deadline_origin, init_liveness
 from runc_guard.settings import Settings, first_report
 from runc_guard.shim.argv import Invocation
 from runc_guard.spool import spool_dir
@@ -359,23 +359,11 @@ class DeleteRun:
         raise end
 
     def _init_started_wall(self, state: ContainerState) -> float | None:
-        """When the container's init started, on the wall clock that stamped its cgroups.
-
-        The start time is in ticks since boot; turning it into wall-clock time with
-        today's boot time is wrong by every wall-clock step since (chrony's makestep,
-        a resumed VM). runc stamps ``created`` after the init started and its
-        cgroups were made, so an estimate later than ``created`` can only be such
-        a forward step: then ``created`` bounds it (the step is noted). A backward
-        step only makes the check more lenient.
-        """
-        if not state.init_start:
-            return None
-        estimate = start_wall_time(state.init_start)
-        if state.created > 0 and estimate > state.created:
-            if estimate - state.created > CREATED_MARGIN:
-                self.canonical["clock_step_s"] = round(estimate - state.created, 3)
-            return state.created
-        return estimate
+        """When the container's init started (paths.init_started_wall); a clock step is noted."""
+        started, step = init_started_wall(state)
+        if step is not None:
+            self.canonical["clock_step_s"] = step
+        return started
 
     def _claim(self) -> Claim:
         return Claim(self.settings.pending_dir, self.root, self.container_id, self.deadline, self.clock)

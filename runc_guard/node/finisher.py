@@ -17,6 +17,15 @@ appear. For each pending record it:
 4. removes what is left, leaf-first, and resets a failed scope of the systemd driver;
 5. drops the record and logs one ``delete`` entry, ``outcome=finished_late``.
 
+It also finishes what a delete that stepped aside at start-up overload left to
+the runtime alone (an aside record of kind ``overload``: nothing was judged there,
+only the load was too high). Such a container is acted on only once containerd is
+done with it (its bundle is gone), its init is provably dead, no serving shim
+names it, and the cgroups its runtime state names pass the delete's own
+ownership checks (``paths.check_container_paths``); then as above, from step 2.
+Every other aside record (runc-guard could not prove something) stays for the
+sweep's own rules and audit.
+
 What it cannot finish in its window stays for ``runc-guardctl sweep`` and audit.
 """
 
@@ -24,16 +33,18 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from runc_guard.delete.cgroupfs import CgroupFsOps, RealCgroupFs
+from runc_guard.delete.aside import OVERLOAD, iter_aside
+from runc_guard.delete.cgroupfs import CgroupFsOps, RealCgroupFs, cgroup_mounts
 from runc_guard.delete.cleanup import CgroupBusy, CgroupRemovalFailed, drain, live_pids
+from runc_guard.delete.paths import check_container_paths, init_started_wall
 from runc_guard.delete.pending import BUSY, Claim, PendingRecord, iter_records, remove_record
 from runc_guard.delete.report import EventLog, deliver
 from runc_guard.delete.runtime_child import run_runtime_child
-from runc_guard.delete.state import read_state, runtime_state_exists
-from runc_guard.errors import StateMissing, StateUnreadable
+from runc_guard.delete.state import ContainerState, read_state, runtime_state_exists
+from runc_guard.errors import RuncGuardError, StateMissing, StateUnreadable
 from runc_guard.procinfo import DEAD, init_liveness
 from runc_guard.settings import Settings, load
 from runc_guard.spool import keep_only_stdio_and, spool_dir
@@ -59,6 +70,7 @@ class Finisher:
     fs: CgroupFsOps = field(default_factory=RealCgroupFs)
     clock: Callable[[], float] = time.monotonic
     proc: str = "/proc"
+    mounts: Callable[[], Mapping[str, str]] = cgroup_mounts
     attempts: dict[str, int] = field(default_factory=dict)
     finished: list[str] = field(default_factory=list)
 
@@ -70,10 +82,10 @@ class Finisher:
         pending = 0
         populated: list[str] = []
         shims: frozenset[str] | None = None
-        for path, record in iter_records(self.settings.pending_dir):
-            if isinstance(record, ValueError) or self.attempts.get(path, 0) >= MAX_ATTEMPTS:
-                continue
+        for path, record in self._candidates():
             pending += 1
+            if isinstance(record, str):
+                continue  # not ready yet (why: the string), looked at again next pass
             busy = [p for p in record.cgroup_paths if self.fs.exists(p) and live_pids(p, self.fs)]
             if busy:
                 populated.extend(busy)
@@ -89,6 +101,52 @@ class Finisher:
             if self._finish(path, record):
                 pending -= 1
         return pending, populated
+
+    def _candidates(self) -> list[tuple[str, PendingRecord | str]]:
+        """Pending records, then overload aside records as records (or why not yet)."""
+        found: list[tuple[str, PendingRecord | str]] = []
+        for path, record in iter_records(self.settings.pending_dir):
+            if not isinstance(record, ValueError) and self.attempts.get(path, 0) < MAX_ATTEMPTS:
+                found.append((path, record))
+        for path, doc in iter_aside(self.settings.cache_dir):
+            if doc is None or doc.get("kind") != OVERLOAD or self.attempts.get(path, 0) >= MAX_ATTEMPTS:
+                continue
+            judged = self._judge_overload(doc)
+            if judged is None:
+                self.attempts[path] = MAX_ATTEMPTS  # nothing for the finisher: the sweep and audit judge it
+            else:
+                found.append((path, judged))
+        return found
+
+    def _judge_overload(self, doc: dict[str, object]) -> PendingRecord | str | None:
+        """An overload aside record as a pending record once its runtime state proves it ours.
+
+        A string: not yet (containerd still holds the bundle). None: never for the
+        finisher (no state left, unreadable, not provably the container's own cgroups).
+        """
+        root, cid, runtime = str(doc.get("runtime_root", "")), str(doc["container_id"]), doc.get("runtime")
+        if not isinstance(runtime, str) or not os.path.isabs(runtime) or not os.path.isabs(root):
+            return None
+        if not runtime_state_exists(root, cid):
+            return None  # the runtime's own delete went through (or runc 1.1 dropped it: the sweep's)
+        try:
+            state = read_state(root, cid, self.mounts)
+            bundle = state.labels.get("bundle", "")
+            if bundle and os.path.exists(bundle):
+                return "containerd still holds the bundle"
+            mounts = self.mounts()
+            ownership = check_container_paths(
+                state, self.fs, mounts, init_started_wall(state)[0], self.settings.container_cgroup_patterns
+            )
+        except RuncGuardError:
+            return None
+        if ownership.step_aside is not None or not _has_init(state):
+            return None
+        created = doc.get("created")
+        return PendingRecord(
+            cid, root, ownership.paths, state.init_pid, state.init_start, runtime,
+            float(created) if isinstance(created, (int, float)) else time.time(),
+        )
 
     def _owned_by_a_shim(self, record: PendingRecord, shims: frozenset[str]) -> bool:
         """A serving shim for the container or its CRI sandbox: containerd's retry will come."""
@@ -125,18 +183,21 @@ class Finisher:
                 return False
             scope = _reset_scope(record, self.fs, self.now() + REMOVE_BUDGET)
             remove_record(path)
-        self._report(record, reruns, len(report.removed), scope)
+        in_pending = os.path.dirname(path) == os.path.normpath(self.settings.pending_dir)
+        left_by = "deadline" if in_pending else "overload"
+        self._report(record, reruns, len(report.removed), scope, left_by)
         self.finished.append(record.container_id)
         return True
 
     def _report(
-        self, record: PendingRecord, reruns: int, removed: int, scope: dict[str, object] | None
+        self, record: PendingRecord, reruns: int, removed: int, scope: dict[str, object] | None, left_by: str
     ) -> None:
         """One canonical entry, as a delete's, and its stats line for the metrics."""
         from runc_guard.delete.run import append_stats
 
         entry: dict[str, object] = {
             "outcome": "finished_late",
+            "left_by": left_by,
             "cgroup_paths": record.cgroup_paths,
             "runtime_runs": reruns,
             "removed": removed,
@@ -150,6 +211,11 @@ class Finisher:
         log.info("delete", **entry)
         append_stats(self.settings.stats_file, "finished_late", entry, record.container_id)
         deliver(log, self.settings, spool_dir(self.settings.cache_dir))
+
+
+def _has_init(state: ContainerState) -> bool:
+    """A state that names its init (pid and start time): liveness can be proven."""
+    return state.init_pid > 0 and state.init_start > 0
 
 
 def _reset_scope(record: PendingRecord, fs: CgroupFsOps, deadline: float) -> dict[str, object] | None:
@@ -169,6 +235,15 @@ def _reset_scope(record: PendingRecord, fs: CgroupFsOps, deadline: float) -> dic
     return None
 
 
+def _work(settings: Settings) -> set[str]:
+    """The files a finisher is for: pending records and overload aside records."""
+    names = {p for p, _ in iter_records(settings.pending_dir)}
+    for path, doc in iter_aside(settings.cache_dir):
+        if doc is not None and doc.get("kind") == OVERLOAD:
+            names.add(path)
+    return names
+
+
 def run(
     settings: Settings, window: float, finisher: Finisher | None = None, seen: set[str] | None = None,
     quiet: float = QUIET,
@@ -182,7 +257,7 @@ def run(
     seen = set() if seen is None else seen
     last_new = finisher.now()
     while True:
-        names = {p for p, _ in iter_records(settings.pending_dir)}
+        names = _work(settings)
         if names - seen:
             last_new = finisher.now()
         seen |= names
@@ -228,6 +303,6 @@ def finisher_main(held: int) -> None:
             run(settings, settings.finish_window, seen=seen)
         finally:
             os.close(lock)
-        if not {p for p, _ in iter_records(settings.pending_dir)} - seen:
+        if not _work(settings) - seen:
             return
         lock = try_lock(settings.cache_dir, FINISHER_LOCK)

@@ -65,7 +65,8 @@ def _known_to_anyone(invocation: argv_mod.Invocation, settings: Settings) -> boo
 
 
 def _startup_slot(
-    invocation: argv_mod.Invocation, settings: Settings, environ: os._Environ[str], origin: float | None
+    invocation: argv_mod.Invocation, settings: Settings, environ: os._Environ[str], origin: float | None,
+    runtime: str,
 ) -> int | None:
     """Wait briefly for a start-up slot (see runc_guard.shim.startup).
 
@@ -85,6 +86,7 @@ def _startup_slot(
             invocation,
             settings,
             environ,
+            runtime,
             f"containerd's budget for this delete was {spent} ms old when runc-guard started"
             f" (the node is overloaded); runc-guard stepped aside and ran the runtime alone",
         )
@@ -97,6 +99,7 @@ def _startup_slot(
             invocation,
             settings,
             environ,
+            runtime,
             f"{slots()} deletes were already loading at once; after {waited} ms runc-guard"
             " stepped aside and ran the runtime alone (the sweep finishes what it leaves)",
         )
@@ -104,17 +107,26 @@ def _startup_slot(
 
 
 def _report_overloaded(
-    invocation: argv_mod.Invocation, settings: Settings, environ: os._Environ[str], reason: str
+    invocation: argv_mod.Invocation, settings: Settings, environ: os._Environ[str], runtime: str, reason: str
 ) -> None:
-    """Spool the stepped-aside delete's entry like every delete's: journald may be absent."""
+    """Spool the stepped-aside delete's entry like every delete's: journald may be absent.
+
+    Its aside record names the runtime that runs alone; with a finisher enabled
+    (``finish_window``), one is started to finish what that runtime leaves once
+    containerd is done with the container (node.finisher).
+    """
     try:
-        from runc_guard.delete.aside import write_aside
-        from runc_guard.delete.report import EventLog, detach_reporter
+        from runc_guard.delete.aside import OVERLOAD, write_aside
+        from runc_guard.delete.report import EventLog, detach_finisher, detach_reporter
         from runc_guard.spool import spool_dir, write_spool
 
         # No state was read (that is the load it avoids): audit looks the id up itself.
         root = os.path.abspath(invocation.root)
-        write_aside(settings.cache_dir, root, invocation.container_id or "", [], reason)
+        written = write_aside(
+            settings.cache_dir, root, invocation.container_id or "", [], reason, OVERLOAD, runtime
+        )
+        if written is not None and settings.finish_window > 0:
+            detach_finisher(settings.cache_dir)
 
         context = {"container_id": invocation.container_id, "runtime_root": invocation.root}
         log = EventLog("info", context)
@@ -171,7 +183,7 @@ def main(noted: list[int] | None = None) -> int:
 
         # Read once (the parent's /proc entries): the slot wait and the delete's deadline share it.
         origin = deadline_origin()
-        slot = _startup_slot(invocation, settings, environ, origin)
+        slot = _startup_slot(invocation, settings, environ, origin, runtime)
     if slot is not None:
         # Until the delete path has its own handlers, a signal is only noted (the
         # launcher set that up): the delete starts by honouring it.
