@@ -520,6 +520,7 @@ def run_ctl(tmp_path: Path, *args: str, **extra_env: str) -> subprocess.Complete
         RUNC_GUARD_CONFIG=str(tmp_path / "absent.toml"),
         RUNC_GUARD_PENDING_DIR=str(tmp_path / "run" / "pending"),
         RUNC_GUARD_STATS_FILE=str(tmp_path / "run" / "deletes.jsonl"),
+        RUNC_GUARD_CACHE_DIR=str(tmp_path / "run" / "cache"),
         **extra_env,
     )
     return subprocess.run([CTL, *args], capture_output=True, text=True, env=env, timeout=60,
@@ -547,6 +548,23 @@ def test_cli_empty_sweep_summary(tmp_path: Path) -> None:
                    str(tmp_path), "--bundle-root", str(tmp_path), "--state-root", str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("found 0 container cgroup(s) in ")
+
+
+def test_cli_sweep_drops_aside_records_once_nothing_they_name_is_left(tmp_path: Path) -> None:
+    """Stepped-aside deletes leave records for audit; the sweep drops those whose cgroups are all
+    gone (a node's crash loops must not fill /run) and keeps the one whose directory remains."""
+    from runc_guard.delete.aside import iter_aside, write_aside
+
+    cache = str(tmp_path / "run" / "cache")
+    still = tmp_path / "still-there"
+    still.mkdir()
+    kept = write_aside(cache, str(tmp_path), "c-kept", [str(still)], "unsure")
+    write_aside(cache, str(tmp_path), "c-gone", [str(tmp_path / "vanished")], "unsure")
+    done = run_ctl(tmp_path, "sweep", "--kubepods", "rgsweep-absent-tree", "--runtime-root",
+                   str(tmp_path), "--bundle-root", str(tmp_path), "--state-root", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "aside records 1" in done.stdout, done.stdout
+    assert [p for p, _ in iter_aside(cache)] == [kept]
 
 
 def test_cli_rejects_escaping_kubepods(tmp_path: Path) -> None:

@@ -88,7 +88,7 @@ def _print_text(report: SweepReport) -> None:
     click.echo(
         f"found {report.found} container cgroup(s) in {len(report.hierarchies)} hierarchies; "
         f"{verb} {done}{dirs}; kept: {kept}; gone meanwhile {report.gone}; "
-        f"pending records cleared {report.records_cleared}"
+        f"pending records cleared {report.records_cleared}, aside records {report.aside_cleared}"
     )
     if not report.dry_run:
         click.echo(
@@ -202,6 +202,7 @@ def sweep(
         lock = os.path.join(os.path.dirname(settings.pending_dir), "sweep.lock")
         with sweep_lock(lock):
             report = sweeper.run(discovery)
+            report.aside_cleared = _prune_aside(settings)
         _count(settings, report)
         _send_spooled(settings)
     if fmt == "json":
@@ -223,6 +224,13 @@ def _warn_fixed_only(ctx: click.Context, pacing: str) -> None:
             f"({pacing}; --max-batch bounds its batches)",
             err=True,
         )
+
+
+def _prune_aside(settings: Settings) -> int:
+    """Drop the records of stepped-aside deletes once nothing they name is left (/run stays small)."""
+    from runc_guard.delete.aside import prune_aside
+
+    return prune_aside(settings.cache_dir)
 
 
 def _send_spooled(settings: Settings) -> None:

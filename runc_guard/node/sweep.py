@@ -319,6 +319,8 @@ class SweepReport:
     kept: dict[str, int] = field(default_factory=dict)
     gone: int = 0
     records_cleared: int = 0
+    #: Aside records (deletes that stepped aside) dropped because nothing they name is left.
+    aside_cleared: int = 0
     errors: list[str] = field(default_factory=list)
     duration: float = 0.0
     slowed: float = 0.0
