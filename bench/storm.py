@@ -240,19 +240,21 @@ def main() -> int:
 
 
 def why_unfinished(lab: cl.GuardedLab, ids: list[str]) -> None:
-    """For each task containerd never finished: runc-guard's own account and containerd's."""
+    """For each task containerd never finished: runc-guard's own account and containerd's error."""
     if not ids:
         return
     ours: dict[str, list[str]] = {i: [] for i in ids}
     for entry in cl.guard_events(lab.settings):
         cid = str(entry.get("container_id"))
         if cid in ours:
-            ours[cid].append(f"{entry.get('event')}:{entry.get('outcome', '')}:{entry.get('total_ms', '')}ms")
+            detail = entry.get("total_ms") or entry.get("since_record_ms") or entry.get("reason", "")
+            ours[cid].append(f"{entry.get('event')}:{entry.get('outcome', '')}:{str(detail)[:70]}")
     rows = []
     for cid in ids:
         lines = [ln for ln in lab.containerd.log_lines_for(cid) if "level=error" in ln or "level=warn" in ln]
-        rows.append([cid[-12:], " ".join(ours[cid]) or "(no entry)", (lines[0][:160] if lines else "-")])
-    print_table("Tasks containerd never finished", ["task", "runc-guard", "containerd's first warning"], rows)
+        error = lines[0].split("error=", 1)[-1][:150] if lines else "-"
+        rows.append([cid[-12:], " ".join(ours[cid]) or "(no entry)", error])
+    print_table("Tasks containerd never finished", ["task", "runc-guard", "containerd's error"], rows)
 
 
 def deadline_reasons(settings: dict[str, str], ids: set[str]) -> list[tuple[str, int]]:

@@ -76,7 +76,7 @@ def _startup_slot(
     """
     import time
 
-    from runc_guard.shim.startup import MAX_WAIT, MIN_BUDGET_SHARE, acquire, slots
+    from runc_guard.shim.startup import MAX_WAIT, MIN_BUDGET_SHARE, WAIT_SHARE, acquire, slots
 
     started = origin or time.monotonic()
     left = started + settings.delete_timeout - time.monotonic()
@@ -91,7 +91,7 @@ def _startup_slot(
             f" (the node is overloaded); runc-guard stepped aside and ran the runtime alone",
         )
         return None
-    deadline = min(started + settings.delete_timeout, time.monotonic() + MAX_WAIT)
+    deadline = min(started + settings.delete_timeout * WAIT_SHARE, time.monotonic() + MAX_WAIT)
     slot = acquire(os.path.join(settings.cache_dir, "startup"), deadline)
     if slot is None:
         waited = int((time.monotonic() - started) * 1000)
