@@ -193,3 +193,21 @@ def test_the_bundle_rule_is_what_held_it(lab: Lab) -> None:
     assert run(lab.settings, 2.0, _finisher(lab), quiet=0).finished == []
     os.rmdir(bundle)
     assert run(lab.settings, 2.0, _finisher(lab), quiet=0).finished == ["c1"]
+
+
+def test_containerds_own_cleanups_go_first(lab: Lab) -> None:
+    """While a dead-shim cleanup of containerd's runs (a storm under way; each is SIGKILLed at 5 s),
+    the finisher waits: quiet counts from the last cleanup seen, for at most HOLD_MAX s after the
+    last new record. Control: with no cleanup running it acts after ``quiet``."""
+    from runc_guard.node.finisher import HOLD_MAX
+
+    _cut_short(lab, "c1")
+    proc = _fake_proc(lab.tmp, ["/usr/bin/containerd-shim-runc-v2", "-namespace", "k8s.io", "-id", "c9",
+                                "-address", "/run/containerd/containerd.sock", "delete"])
+    started = lab.clock()
+    assert run(lab.settings, 60.0, _finisher(lab, proc), quiet=5.0).finished == ["c1"]
+    assert lab.clock() - started >= HOLD_MAX
+    _cut_short(lab, "c2")
+    started = lab.clock()
+    assert run(lab.settings, 60.0, _finisher(lab), quiet=5.0).finished == ["c2"]
+    assert 5.0 <= lab.clock() - started < HOLD_MAX

@@ -45,6 +45,7 @@ from runc_guard.delete.report import EventLog, deliver
 from runc_guard.delete.runtime_child import run_runtime_child
 from runc_guard.delete.state import ContainerState, read_state, runtime_state_exists
 from runc_guard.errors import RuncGuardError, StateMissing, StateUnreadable
+from runc_guard.node.orphans import cleanups_running, live_shim_ids
 from runc_guard.procinfo import DEAD, init_liveness
 from runc_guard.settings import Settings, load
 from runc_guard.spool import keep_only_stdio_and, spool_dir
@@ -55,6 +56,8 @@ POLL = 0.5
 #: reply within containerd's 5 s cleanup budget, and the finisher must not take the CPU
 #: they (and the runtimes they run) need. So it acts once no new record appeared for this long.
 QUIET = 5.0
+#: Dead-shim cleanups still running hold the finisher back at most this long after the last new record.
+HOLD_MAX = 30.0
 #: A runtime's delete gets this long; the removal after it, this long.
 RUNTIME_BUDGET = 10.0
 REMOVE_BUDGET = 2.0
@@ -93,8 +96,6 @@ class Finisher:
             if init_liveness(record.init_pid, record.init_start, self.proc) != DEAD:
                 continue
             if shims is None:
-                from runc_guard.node.orphans import live_shim_ids
-
                 shims = live_shim_ids(self.proc, serving_only=True)
             if self._owned_by_a_shim(record, shims):
                 continue
@@ -250,21 +251,28 @@ def run(
 ) -> Finisher:
     """Pass over the records until none is left, or ``quiet`` + ``window`` s pass without a new one.
 
-    Nothing is done until no new record has appeared for ``quiet`` s. ``seen``
-    collects the record files looked at (the caller's, across runs).
+    Nothing is done until no new record has appeared, and no dead-shim cleanup of
+    containerd's has run, for ``quiet`` s (those cleanups are SIGKILLed at 5 s and
+    a killed one leaves its task unfinished for good: they get the CPU first); a
+    steady stream of cleanups holds it back at most HOLD_MAX s after the last new
+    record. ``seen`` collects the record files looked at (the caller's, across runs).
     """
     finisher = finisher or Finisher(settings)
     seen = set() if seen is None else seen
-    last_new = finisher.now()
+    last_new = last_busy = finisher.now()
     while True:
         names = _work(settings)
+        now = finisher.now()
         if names - seen:
-            last_new = finisher.now()
+            last_new = now
         seen |= names
-        if not names or finisher.now() - last_new >= quiet + window:
+        if not names or now - last_new >= quiet + window:
             return finisher
-        if finisher.now() - last_new < quiet:
-            wait = min(POLL, quiet - (finisher.now() - last_new))
+        if now - last_new < HOLD_MAX and cleanups_running(finisher.proc):
+            last_busy = now
+        calm = min(now - last_new, now - last_busy)
+        if calm < quiet:
+            wait = min(POLL, quiet - calm)
             finisher.fs.wait_for_change([], wait, wait)
             continue
         pending, populated = finisher.pass_once()

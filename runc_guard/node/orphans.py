@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,6 +165,27 @@ def states_of(
     return found
 
 
+def _shim_argvs(proc: str) -> Iterator[list[bytes]]:
+    """The command line of every running containerd shim (one pass over ``/proc/*/cmdline``)."""
+    try:
+        pids = [p for p in os.listdir(proc) if p.isdigit()]
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            with open(os.path.join(proc, pid, "cmdline"), "rb") as f:
+                argv = f.read(8192).split(b"\0")
+        except OSError:
+            continue  # exited meanwhile
+        if os.path.basename(argv[0]).startswith(b"containerd-shim"):
+            yield argv
+
+
+def _is_cleanup(argv: list[bytes]) -> bool:
+    """containerd's dead-shim cleanup: ``containerd-shim-runc-v2 ... delete``."""
+    return [a for a in argv if a][-1:] == [b"delete"]
+
+
 def live_shim_ids(proc: str = "/proc", serving_only: bool = False) -> frozenset[str]:
     """Ids named by every running containerd shim (``-id <id>``, v1's ``-workdir .../<id>``).
 
@@ -175,19 +196,8 @@ def live_shim_ids(proc: str = "/proc", serving_only: bool = False) -> frozenset[
     delete``), which serves nothing and exits once its runtime's delete returned.
     """
     ids: set[str] = set()
-    try:
-        pids = [p for p in os.listdir(proc) if p.isdigit()]
-    except OSError:
-        return frozenset()
-    for pid in pids:
-        try:
-            with open(os.path.join(proc, pid, "cmdline"), "rb") as f:
-                argv = f.read(8192).split(b"\0")
-        except OSError:
-            continue  # exited meanwhile
-        if not os.path.basename(argv[0]).startswith(b"containerd-shim"):
-            continue
-        if serving_only and [a for a in argv if a][-1:] == [b"delete"]:
+    for argv in _shim_argvs(proc):
+        if serving_only and _is_cleanup(argv):
             continue
         for flag, value in itertools.pairwise(argv):
             if flag in (b"-id", b"--id"):
@@ -195,6 +205,11 @@ def live_shim_ids(proc: str = "/proc", serving_only: bool = False) -> frozenset[
             elif flag in (b"-workdir", b"--workdir"):
                 ids.add(os.path.basename(value.rstrip(b"/")).decode("utf-8", "replace"))
     return frozenset(ids)
+
+
+def cleanups_running(proc: str = "/proc") -> int:
+    """How many of containerd's dead-shim cleanups run right now (a crash storm still under way)."""
+    return sum(1 for argv in _shim_argvs(proc) if _is_cleanup(argv))
 
 
 @dataclass(frozen=True)
