@@ -211,3 +211,23 @@ def test_containerds_own_cleanups_go_first(lab: Lab) -> None:
     started = lab.clock()
     assert run(lab.settings, 60.0, _finisher(lab), quiet=5.0).finished == ["c2"]
     assert 5.0 <= lab.clock() - started < HOLD_MAX
+
+
+@pytest.mark.parametrize(("window", "lag", "margin"), [(0.0, 2.0, 0.0), (30.0, 2.0, 1.0), (30.0, 0.04, 0.02),
+                                                      (30.0, 9.0, 1.0)])
+def test_a_busy_node_replies_earlier_only_when_a_finisher_completes(
+    lab: Lab, window: float, lag: float, margin: float
+) -> None:
+    """The budget ran ``lag`` s before the delete could begin (a storm: the shim and the interpreter
+    waited for a CPU); containerd's shim then needs CPU after the reply too. With a finisher, the
+    delete replies earlier by half that lag (never more than half its deadline); without one, the
+    deadline stays delete_timeout (2 s here) from the budget's start."""
+    from runc_guard.delete.run import DeleteRun
+    from runc_guard.shim.argv import parse
+
+    settings = lab.settings.replace(finish_window=window)
+    args = lab.invocation_args("c1")
+    run_ = DeleteRun(parse(args), args, "/bin/true", settings, fs=lab.fs, mounts=mounts, clock=lab.clock,
+                     started=lab.clock() - lag)
+    assert run_.deadline == pytest.approx(run_.started + 2.0 - margin)
+    assert run_.canonical.get("reply_margin_ms", 0) == round(margin * 1000)
