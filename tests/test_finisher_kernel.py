@@ -1,5 +1,10 @@
 """The finisher on the real kernel: a delete cut short by its deadline is completed after the reply.
 
+The second case is a delete that stepped aside at start-up overload (every slot
+taken): runc 1.3.4 ran alone, failed on the busy cgroup and kept its state (the
+control); once containerd's bundle is gone and the children died, the finisher
+re-runs runc's delete and removes the rest.
+
 A host-PID runc 1.1.5 container, init killed, two children held in a frozen v1
 freezer so that they outlive the delete's deadline; they are released after the
 delete has replied. Stock runc in the same situation is the control (it exits 0
@@ -10,14 +15,20 @@ delete and removes the rest once the children are gone.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
+from labkit import runtimes
 from labkit.kernel import RUNC, container_with_hold, reported_events, wait_for
 from labkit.scenario import guard_env
+from runc_guard.delete.aside import OVERLOAD, iter_aside
+from runc_guard.shim.startup import slots
 
 pytestmark = pytest.mark.kernel
 
@@ -55,3 +66,52 @@ def test_a_cut_short_delete_is_finished_after_the_reply(shim_binary: str, workdi
         assert len(late) == 1 and late[0]["runtime_runs"] == 1, reported_events(workdir)
         print(f"finisher: stock left {stock_left} dirs; runc-guard exit 75, then finished "
               f"{late[0]['since_record_ms']} ms after its record, removed {late[0]['removed']}")
+
+
+@contextmanager
+def _every_slot_taken(cache: str) -> Iterator[None]:
+    """A crash storm's start-up load: every start-up slot held, so the delete steps aside."""
+    os.makedirs(os.path.join(cache, "startup"), exist_ok=True)
+    fds = [os.open(os.path.join(cache, "startup", f"slot-{i}"), os.O_RDWR | os.O_CREAT, 0o600)
+           for i in range(slots())]
+    try:
+        for fd in fds:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_what_an_overloaded_delete_left_to_the_runtime_is_finished(shim_binary: str, workdir: str) -> None:
+    """Every slot taken: runc-guard steps aside and runc 1.3.4 alone fails on the busy cgroup (exit 1,
+    state and dirs kept: the control is the runtime's own result). Nothing is done while containerd's
+    bundle exists; once it is gone and the children died, the finisher re-runs runc's delete: 0 dirs,
+    no state, no aside record, one finished_late entry (left_by overload)."""
+    runc = runtimes.require(runtimes.RUNC_134)
+    with container_with_hold(workdir, children=3, held=2, runc=runc) as (ctr, hold):
+        os.kill(ctr.init_pid(), signal.SIGKILL)
+        env = guard_env(workdir, RUNC_GUARD_RUNTIME=runc, RUNC_GUARD_FINISH_WINDOW="20")
+        cache = env["RUNC_GUARD_CACHE_DIR"]
+        with _every_slot_taken(cache):
+            done = _delete(shim_binary, ctr.root, ctr.id, env)
+        state = os.path.join(ctr.root, ctr.id, "state.json")
+        assert done.returncode == 1 and os.path.exists(state) and ctr.cgroup_dirs(), done.stderr
+        asides = [doc for _, doc in iter_aside(cache) if doc is not None]
+        assert [(d["kind"], d["runtime"]) for d in asides] == [(OVERLOAD, runc)], asides
+        hold.release()
+        assert wait_for(lambda: not ctr.pids(), 10)
+        # containerd still holds the bundle: the finisher must leave it all alone
+        assert not wait_for(lambda: not os.path.exists(state), 7), "acted while the bundle existed"
+        gone = ctr.bundle + ".gone"
+        os.rename(ctr.bundle, gone)  # what containerd does once its dead-shim cleanup returned
+        try:
+            assert wait_for(lambda: not ctr.cgroup_dirs() and not os.path.exists(state)
+                            and not list(iter_aside(cache)), 30), (ctr.cgroup_dirs(), list(iter_aside(cache)))
+        finally:
+            os.rename(gone, ctr.bundle)
+        late = [e for e in reported_events(workdir) if e.get("container_id") == ctr.id
+                and e.get("outcome") == "finished_late"]
+        assert [(e["left_by"], e["runtime_runs"]) for e in late] == [("overload", 1)], late
+        print(f"finisher after overload: runc 1.3.4 alone exit 1, state kept; finished "
+              f"{late[0]['since_record_ms']} ms after the aside record, removed {late[0]['removed']}")
