@@ -236,8 +236,13 @@ def leftovers(lab: cr.CriLab, loops: list[PodLoop], states_now: set[str], record
     return left
 
 
-def helper_processes() -> dict[str, tuple[int, int]]:
-    """runc-guard's background processes alive now: kind -> (count, resident KiB summed)."""
+def helper_processes(cache_dir: str) -> dict[str, tuple[int, int]]:
+    """This lab's runc-guard background processes alive now: kind -> (count, resident KiB summed).
+
+    Told apart from other labs' (and other sessions') by the cache directory in their
+    environment: a helper inherits the delete's, which is containerd's.
+    """
+    mine = f"RUNC_GUARD_CACHE_DIR={cache_dir}\0".encode()
     found = {kind: (0, 0) for kind in HELPERS}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -248,6 +253,9 @@ def helper_processes() -> dict[str, tuple[int, int]]:
             kind = next((k for k, word in HELPERS.items() if word in cmdline), None)
             if kind is None:
                 continue
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if mine not in f.read():
+                    continue
             with open(f"/proc/{name}/statm") as f:
                 resident = int(f.read().split()[1]) * PAGE_KB
         except (OSError, IndexError, ValueError):
@@ -293,7 +301,7 @@ class Sampler(threading.Thread):
         for handler, loops in self.loops.items():
             row[handler] = vars(leftovers(self.lab, loops, states_now, records))
             row[handler]["restarts"] = sum(loop.restarts for loop in loops)
-        row["helpers"] = helper_processes()
+        row["helpers"] = helper_processes(self.lab.settings["RUNC_GUARD_CACHE_DIR"])
         row["pending"] = dir_size(pending, records)
         row["spool"] = dir_size(spool, [os.path.basename(p) for p in pending_files(spool)])
         return row
@@ -366,10 +374,11 @@ def crash_loops(lab: cr.CriLab, pods: int, seconds: float, seed: int, settle: fl
         ]
         for thread in threads:
             thread.start()
+        next_report = started + 30
         while any(t.is_alive() for t in threads):
-            for thread in threads:
-                thread.join(10)
-            if progress:
+            time.sleep(0.2)
+            if progress and time.monotonic() >= next_report:
+                next_report += 30
                 done = {h: sum(loop.restarts for loop in loops[h]) for h in handlers}
                 print(f"  {time.monotonic() - started:5.0f} s restarts {done}", file=sys.stderr)
         # Each hold's timer thaws and kills it within TEARDOWN[1] s of its crash.
@@ -522,6 +531,8 @@ def main() -> int:
     parser.add_argument("--workdir", default=None, help="the lab's directory, kept afterwards (default: a "
                         "temporary one, removed)")
     args = parser.parse_args()
+    # SIGTERM unwinds like Ctrl-C, so the lab (containerd, shims, pods, holds) is always stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     # The node's reporter linger (the labs use 0 so that tests see each entry at once).
     overrides = {"RUNC_GUARD_REPORTER_LINGER": str(Settings().reporter_linger)}
