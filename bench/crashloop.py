@@ -465,28 +465,43 @@ def report(result: Result, title: str) -> None:
         print(f"error: {line}", file=sys.stderr)
 
 
-def plot(result: Result, path: str, title: str, labels: dict[str, str]) -> None:
-    """Leftovers over time per handler, and runc-guard's helpers and directories (bench.plots)."""
+def plot(doc: dict[str, Any], path: str) -> None:
+    """Leftovers over time per handler, and runc-guard's helpers and directories (bench.plots).
+
+    ``doc`` is what ``--json`` writes (:func:`dump`), so a run can be drawn again later.
+    """
     from bench import plots
 
-    samples = result.samples
+    samples, labels = doc["samples"], doc["labels"]
     t = [s["t"] for s in samples]
+
+    def line(get: Any) -> list[tuple[float, float]]:
+        return list(zip(t, [get(s) for s in samples], strict=True))
+
+    handlers = list(labels)
     panels: list[tuple[str, dict[str, list[tuple[float, float]]]]] = [
-        ("cgroup dirs left by removed attempts",
-         {labels[h]: list(zip(t, [s[h]["dirs"] for s in samples], strict=True)) for h in result.loops}),
-        ("runtime states / pending records left",
-         {f"{labels[h]}: {what}": list(zip(t, [s[h][key] for s in samples], strict=True))
-          for h in result.loops for what, key in (("states", "states"), ("records", "records"))}),
-        ("runc-guard helpers alive",
-         {kind: list(zip(t, [s["helpers"][kind][0] for s in samples], strict=True)) for kind in HELPERS}),
-        ("runc-guard helpers, resident MiB",
-         {kind: list(zip(t, [s["helpers"][kind][1] / 1024 for s in samples], strict=True))
-          for kind in HELPERS}),
-        ("pending / spool files",
-         {"pending records": list(zip(t, [s["pending"][0] for s in samples], strict=True)),
-          "spool files": list(zip(t, [s["spool"][0] for s in samples], strict=True))}),
+        ("restarts done", {labels[h]: line(lambda s, h=h: s[h]["restarts"]) for h in handlers}),
+        ("cgroup dirs left", {labels[h]: line(lambda s, h=h: s[h]["dirs"]) for h in handlers}),
+        ("states / records left", {
+            f"{labels[h]}: {key}": line(lambda s, h=h, key=key: s[h][key])
+            for h in handlers for key in ("states", "records")}),
+        ("helpers alive", {kind: line(lambda s, k=kind: s["helpers"][k][0]) for kind in HELPERS}),
+        ("helpers RSS MiB", {kind: line(lambda s, k=kind: s["helpers"][k][1] / 1024) for kind in HELPERS}),
+        ("files", {"pending records": line(lambda s: s["pending"][0]),
+                   "spool files": line(lambda s: s["spool"][0])}),
     ]
-    plots.plot_panels(path, panels, title, xlabel="seconds since the loops started")
+    plots.plot_panels(path, panels, doc["title"], xlabel="seconds since the loops started",
+                      marks={"loops stop": doc["loop_seconds"]})
+
+
+def dump(result: Result, title: str, labels: dict[str, str], loop_seconds: float) -> dict[str, Any]:
+    """A run as plain data: the ``--json`` file, and what :func:`plot` draws."""
+    return {
+        "title": title, "labels": labels, "loop_seconds": loop_seconds, "samples": result.samples,
+        "at_end": result.at_end, "settled": result.settled, "seconds": result.seconds,
+        "requeued": result.requeued,
+        "restarts": {h: sum(loop.restarts for loop in loops) for h, loops in result.loops.items()},
+    }
 
 
 @contextlib.contextmanager
@@ -530,7 +545,13 @@ def main() -> int:
     parser.add_argument("--json", default=None, metavar="PATH", help="the samples and totals")
     parser.add_argument("--workdir", default=None, help="the lab's directory, kept afterwards (default: a "
                         "temporary one, removed)")
+    parser.add_argument("--replot", default=None, metavar="JSON",
+                        help="only draw --plot from an earlier run's --json file")
     args = parser.parse_args()
+    if args.replot:
+        with open(args.replot) as f:
+            plot(json.load(f), args.plot or parser.error("--replot needs --plot"))
+        return 0
     # SIGTERM unwinds like Ctrl-C, so the lab (containerd, shims, pods, holds) is always stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
@@ -549,13 +570,13 @@ def main() -> int:
                      f"finish_window {args.finish_window or 'default'} (seed {seed})")
             report(result, title)
             labels = {cr.STOCK_HANDLER: f"stock runc {runc_version}", cr.GUARD_HANDLER: "runc-guard"}
-            if args.plot:
-                plot(result, args.plot, title, labels)
-                print(f"\nwrote {args.plot}")
+            doc = dump(result, title, labels, args.minutes * 60)
             if args.json:
                 with open(args.json, "w") as f:
-                    json.dump({"title": title, "samples": result.samples, "at_end": result.at_end,
-                               "settled": result.settled, "seconds": result.seconds}, f)
+                    json.dump(doc, f)
+            if args.plot:
+                plot(doc, args.plot)
+                print(f"\nwrote {args.plot}")
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -44,12 +44,16 @@ def plot_leftovers_over_time(
 
 
 def plot_panels(
-    path: str, panels: Sequence[tuple[str, Mapping[str, Series]]], title: str, xlabel: str = "seconds"
+    path: str, panels: Sequence[tuple[str, Mapping[str, Series]]], title: str, xlabel: str = "seconds",
+    marks: Mapping[str, float] | None = None,
 ) -> None:
-    """Several step-line panels stacked on one shared x axis, each with its own legend."""
+    """Several step-line panels stacked on one shared x axis, each with its own legend.
+
+    ``marks`` are moments drawn as dashed vertical lines in every panel (e.g. "loops stop").
+    """
     plt = _pyplot()
-    fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False,
-                             figsize=(9, 2.2 * len(panels) + 0.6))
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False, layout="constrained",
+                             figsize=(9, 1.9 * len(panels) + 0.6))
     for ax, (ylabel, series) in zip(axes[:, 0], panels, strict=True):
         for label, points in series.items():
             if points:
@@ -59,6 +63,10 @@ def plot_panels(
         top = max((y for points in series.values() for _x, y in points), default=0)
         ax.set_ylim(0, max(1.0, top * 1.1))  # a flat zero shows as zero, not as noise
         ax.grid(alpha=0.3)
+        for mark_label, x in (marks or {}).items():
+            ax.axvline(x, color="grey", linestyle="--", linewidth=1)
+            ax.annotate(mark_label, (x, 1), xycoords=("data", "axes fraction"), fontsize=7,
+                        color="grey", xytext=(3, -10), textcoords="offset points")
         if series:
             ax.legend(fontsize=7, loc="upper left")
     axes[-1, 0].set_xlabel(xlabel)
