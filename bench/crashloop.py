@@ -81,6 +81,9 @@ class PodLoop:
     attempts: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     exit_s: list[float] = field(default_factory=list)  # init killed -> CRI reports EXITED
+    #: CRI reported EXITED this long after the container's last process died (the hold's
+    #: delay; negative: before, while held processes still pinned its cgroups).
+    after_last_s: list[float] = field(default_factory=list)
     stuck: int = 0  # crashed containers CRI never reported EXITED within EXIT_TIMEOUT
     errors: list[str] = field(default_factory=list)
 
@@ -178,13 +181,15 @@ def run_loop(lab: cr.CriLab, loop: PodLoop, states: CriStates, until: float,
     attempt = 0
     cid = create_attempt(lab, loop, attempt)
     while True:
+        delay = loop.delays[attempt % len(loop.delays)]
         try:
-            killed = crash(lab, loop, cid, loop.delays[attempt % len(loop.delays)], holds)
+            killed = crash(lab, loop, cid, delay, holds)
         except (RuntimeError, OSError) as exc:
             loop.errors.append(f"attempt {attempt}: {exc}")
             killed = time.monotonic()
         if states.wait_exited(cid, EXIT_TIMEOUT):
             loop.exit_s.append(time.monotonic() - killed)
+            loop.after_last_s.append(loop.exit_s[-1] - delay)
         else:
             loop.stuck += 1
         if time.monotonic() >= until:
@@ -421,6 +426,7 @@ def report(result: Result, title: str) -> None:
     rows = []
     for handler, loops in result.loops.items():
         exit_s = [x for loop in loops for x in loop.exit_s]
+        after = [x for loop in loops for x in loop.after_last_s]
         end, settled = result.at_end[handler], result.settled[handler]
         is_guard = handler == cr.GUARD_HANDLER
         cpu = [int(s.get("cpu_ms", 0)) for s in result.stats] if is_guard else []
@@ -433,6 +439,7 @@ def report(result: Result, title: str) -> None:
             f"{end['dirs']} / {end['containers']} / {end['states']} / {end['records']}",
             f"{settled['dirs']} / {settled['containers']} / {settled['states']} / {settled['records']}",
             f"{_pct(exit_s, 0.5)} / {_pct(exit_s, 0.99)}",
+            f"{_pct(after, 0.0)} / {_pct(after, 0.5)} / {_pct(after, 0.99)}",
             str(sum(loop.stuck for loop in loops)),
             f"{statistics.median(cpu):.0f}" if cpu else "-",
             " ".join(f"{k}={v}" for k, v in sorted(outcomes.items())) or "-",
@@ -442,6 +449,7 @@ def report(result: Result, title: str) -> None:
     print_table(title, [
         "handler", "restarts", "at the end: dirs / containers / states / records",
         "settled: dirs / containers / states / records", "crash -> EXITED s p50 / p99",
+        "last process died -> EXITED s min / p50 / p99",
         "stuck", "CPU/delete ms (median, runc-guard's own)", "runc-guard outcomes",
         "containerd TaskExit errors", "bench errors"], rows)
     samples = result.samples
@@ -501,6 +509,9 @@ def dump(result: Result, title: str, labels: dict[str, str], loop_seconds: float
         "at_end": result.at_end, "settled": result.settled, "seconds": result.seconds,
         "requeued": result.requeued,
         "restarts": {h: sum(loop.restarts for loop in loops) for h, loops in result.loops.items()},
+        "exit_s": {h: [x for loop in loops for x in loop.exit_s] for h, loops in result.loops.items()},
+        "after_last_s": {h: [x for loop in loops for x in loop.after_last_s]
+                         for h, loops in result.loops.items()},
     }
 
 
