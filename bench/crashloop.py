@@ -429,7 +429,7 @@ def report(result: Result, title: str) -> None:
         after = [x for loop in loops for x in loop.after_last_s]
         end, settled = result.at_end[handler], result.settled[handler]
         is_guard = handler == cr.GUARD_HANDLER
-        cpu = [int(s.get("cpu_ms", 0)) for s in result.stats] if is_guard else []
+        cpu = [int(str(s.get("cpu_ms", 0))) for s in result.stats] if is_guard else []
         outcomes: dict[str, int] = {}
         for s in result.stats if is_guard else []:
             outcomes[str(s.get("outcome"))] = outcomes.get(str(s.get("outcome")), 0) + 1

@@ -29,6 +29,8 @@ the remover's own CPU (wait4 rusage) and total time; per sweep, a table per
 second (batch target, dirs removed, pause, canary, signals over their limit,
 probe p99, sys%) from the sweep's JSON report and a /proc/stat sampler.
 Target (issue 14): 8147 x 10 dirs in <= 60 s with the probe's p99 <= 2x idle.
+``--plot PNG`` draws the probe's latency by percentile per phase, idle in black
+(bench.plots; matplotlib is the ``bench`` extra).
 
 Run as root: ``python -m bench.sweep_gentleness [--containers 8147] [--idle 5] [--rounds 2]``.
 """
