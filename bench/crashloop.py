@@ -132,8 +132,12 @@ def container_procs(pod: cr.Pod, cid: str) -> list[int]:
     return procs(f"{CGROUP_ROOT}/memory{pod.cgroup_parent}/{cid}")
 
 
-def create_attempt(lab: cr.CriLab, loop: PodLoop, attempt: int) -> str:
-    """``crictl create`` + ``start`` of attempt ``attempt`` (same name, as kubelet restarts)."""
+def create_attempt(lab: cr.CriLab, loop: PodLoop, attempt: int) -> tuple[str, str | None]:
+    """``crictl create`` + ``start`` of attempt ``attempt`` (same name, as kubelet restarts).
+
+    Returns the container's id and why its start failed (None: it runs). Raises
+    RuntimeError when even the create failed.
+    """
     config = lab.write_json(
         f"{loop.pod.name}-{attempt}.json",
         {
@@ -148,8 +152,8 @@ def create_attempt(lab: cr.CriLab, loop: PodLoop, attempt: int) -> str:
     )
     cid = lab.crictl("create", loop.pod.id, config, loop.pod.config_path).stdout.strip()
     loop.attempts.append(cid)
-    lab.crictl("start", cid)
-    return cid
+    start = lab.crictl("start", cid, check=False)
+    return cid, None if start.returncode == 0 else f"crictl start failed: {start.stderr.strip()[-300:]}"
 
 
 def crash(lab: cr.CriLab, loop: PodLoop, cid: str, delay: float, holds: list[FreezerHold]) -> float:
@@ -177,34 +181,41 @@ def crash(lab: cr.CriLab, loop: PodLoop, cid: str, delay: float, holds: list[Fre
 
 def run_loop(lab: cr.CriLab, loop: PodLoop, states: CriStates, until: float,
              holds: list[FreezerHold]) -> None:
-    """kubelet at the back-off floor: crash, wait for EXITED, 1 s, next attempt, rm the previous."""
+    """kubelet at the back-off floor: next attempt, rm the previous, crash, wait for EXITED, 1 s.
+
+    An attempt that fails to start counts as a crash (noted in ``errors``): kubelet, too,
+    tries again after its back-off.
+    """
     attempt = 0
-    cid = create_attempt(lab, loop, attempt)
+    cid: str | None = None
     while True:
-        delay = loop.delays[attempt % len(loop.delays)]
+        previous = cid
         try:
-            killed = crash(lab, loop, cid, delay, holds)
-        except (RuntimeError, OSError) as exc:
-            loop.errors.append(f"attempt {attempt}: {exc}")
-            killed = time.monotonic()
-        if states.wait_exited(cid, EXIT_TIMEOUT):
-            loop.exit_s.append(time.monotonic() - killed)
-            loop.after_last_s.append(loop.exit_s[-1] - delay)
-        else:
-            loop.stuck += 1
+            cid, failed = create_attempt(lab, loop, attempt)
+        except RuntimeError as exc:
+            cid, failed = None, str(exc)
+        if previous is not None:
+            remove(lab, loop, previous)
+        if failed is not None:
+            loop.errors.append(f"attempt {attempt}: {failed}")
+        elif cid is not None:
+            delay = loop.delays[attempt % len(loop.delays)]
+            try:
+                killed = crash(lab, loop, cid, delay, holds)
+            except (RuntimeError, OSError) as exc:
+                loop.errors.append(f"attempt {attempt}: {exc}")
+                killed = time.monotonic()
+            if states.wait_exited(cid, EXIT_TIMEOUT):
+                loop.exit_s.append(time.monotonic() - killed)
+                loop.after_last_s.append(loop.exit_s[-1] - delay)
+            else:
+                loop.stuck += 1
         if time.monotonic() >= until:
             break
         time.sleep(BACKOFF)
         attempt += 1
-        previous = cid
-        try:
-            cid = create_attempt(lab, loop, attempt)
-        except RuntimeError as exc:
-            loop.errors.append(f"attempt {attempt}: {exc}")
-            remove(lab, loop, previous)
-            break
-        remove(lab, loop, previous)
-    remove(lab, loop, cid)
+    if cid is not None:
+        remove(lab, loop, cid)
 
 
 def remove(lab: cr.CriLab, loop: PodLoop, cid: str) -> None:
