@@ -41,6 +41,7 @@ import re
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -107,8 +108,9 @@ class CriStates(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            proc = self.lab.crictl("ps", "-a", "-o", "json", check=False, timeout=60)
-            with contextlib.suppress(ValueError):
+            # A relist that times out or prints no JSON (containerd busy) is skipped, not fatal.
+            with contextlib.suppress(ValueError, subprocess.TimeoutExpired):
+                proc = self.lab.crictl("ps", "-a", "-o", "json", check=False, timeout=60)
                 listed = json.loads(proc.stdout).get("containers", [])
                 self.states = {c["id"]: c["state"] for c in listed}
             self.stop.wait(self.interval)
@@ -192,7 +194,7 @@ def run_loop(lab: cr.CriLab, loop: PodLoop, states: CriStates, until: float,
         previous = cid
         try:
             cid, failed = create_attempt(lab, loop, attempt)
-        except RuntimeError as exc:
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
             cid, failed = None, str(exc)
         if previous is not None:
             remove(lab, loop, previous)
@@ -202,8 +204,8 @@ def run_loop(lab: cr.CriLab, loop: PodLoop, states: CriStates, until: float,
             delay = loop.delays[attempt % len(loop.delays)]
             try:
                 killed = crash(lab, loop, cid, delay, holds)
-            except (RuntimeError, OSError) as exc:
-                loop.errors.append(f"attempt {attempt}: {exc}")
+            except (RuntimeError, OSError, ValueError, KeyError) as exc:
+                loop.errors.append(f"attempt {attempt}: {exc!r}")
                 killed = time.monotonic()
             if states.wait_exited(cid, EXIT_TIMEOUT):
                 loop.exit_s.append(time.monotonic() - killed)
@@ -220,7 +222,11 @@ def run_loop(lab: cr.CriLab, loop: PodLoop, states: CriStates, until: float,
 
 def remove(lab: cr.CriLab, loop: PodLoop, cid: str) -> None:
     """kubelet's garbage collection of a dead attempt: ``crictl rm`` (``-f`` if it still runs)."""
-    proc = lab.crictl("rm", "-f", cid, check=False, timeout=60)
+    try:
+        proc = lab.crictl("rm", "-f", cid, check=False, timeout=60)
+    except subprocess.TimeoutExpired:
+        loop.errors.append(f"rm {cid[:12]}: crictl timed out")
+        return
     if proc.returncode == 0:
         loop.removed.append(cid)
     else:
