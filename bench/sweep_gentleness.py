@@ -29,6 +29,8 @@ the remover's own CPU (wait4 rusage) and total time; per sweep, a table per
 second (batch target, dirs removed, pause, canary, signals over their limit,
 probe p99, sys%) from the sweep's JSON report and a /proc/stat sampler.
 Target (issue 14): 8147 x 10 dirs in <= 60 s with the probe's p99 <= 2x idle.
+``--plot PNG`` draws the probe's latency by percentile per phase, idle in black
+(bench.plots; matplotlib is the ``bench`` extra).
 
 Run as root: ``python -m bench.sweep_gentleness [--containers 8147] [--idle 5] [--rounds 2]``.
 """
@@ -240,6 +242,12 @@ def main() -> int:  # noqa: PLR0915 - one linear script of phases
         help="per-second tables for the first round of each mode, every run, or none",
     )
     parser.add_argument(
+        "--plot",
+        default=None,
+        metavar="PNG",
+        help="draw the probe's latency percentiles per phase against idle (bench.plots, matplotlib)",
+    )
+    parser.add_argument(
         "--probe-hierarchy",
         default="memory",
         help="where the probe makes its cgroup (memory: the costliest css; cpuset: what a container "
@@ -371,11 +379,26 @@ def main() -> int:  # noqa: PLR0915 - one linear script of phases
             remove_everywhere(top)
             remove_everywhere(os.path.relpath(probe_parent, os.path.dirname(probe_parent)))
     report_tables(args, mounts, labels, phases, timed_samples, sampler)
+    if args.plot:
+        plot_probe(args.plot, phases, f"Sweep gentleness: {args.containers} leaked containers x "
+                   f"{len(mounts)} hierarchies; probe = mkdir+rmdir in {args.probe_hierarchy} every 5 ms")
+        print(f"\nwrote {args.plot}")
     print(
         f"\ntarget: {args.containers} x {len(mounts)} dirs in <= 60 s with the probe's p99 <= 2x "
         f"idle p99; whole run {time.monotonic() - started:.0f} s"
     )
     return 0
+
+
+def plot_probe(path: str, phases: list[dict[str, Any]], title: str) -> None:
+    """The probe's latency percentiles per phase (rounds pooled), the pooled idle phases as baseline."""
+    from bench import plots
+
+    pooled: dict[str, list[float]] = {}
+    for phase in phases:
+        label = "idle (pooled)" if phase["label"] == "idle" else phase["label"]
+        pooled.setdefault(label, []).extend(lat for _, lat in phase["samples"])
+    plots.plot_latency_percentiles(path, pooled, title, baseline="idle")
 
 
 def report_tables(
