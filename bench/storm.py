@@ -71,6 +71,26 @@ class MemorySampler(threading.Thread):
             self.stop.wait(0.02)
 
 
+class LeftoverSampler(threading.Thread):
+    """Every second from the kills on: cgroup dirs and runtime states the storm's tasks have left."""
+
+    def __init__(self, lab: cl.GuardedLab, ns: str, tasks: list[Any], interval: float = 1.0) -> None:
+        super().__init__(daemon=True)
+        self.lab, self.ns, self.tasks, self.interval = lab, ns, tasks, interval
+        self.started = time.monotonic()
+        self.dirs: list[tuple[float, int]] = []
+        self.states: list[tuple[float, int]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            now = time.monotonic() - self.started
+            self.dirs.append((now, sum(len(t.cgroup_dirs()) for t in self.tasks)))
+            self.states.append((now, sum(os.path.exists(self.lab.containerd.runc_state(self.ns, t.id))
+                                         for t in self.tasks)))
+            self.stop.wait(self.interval)
+
+
 def storm(
     lab: cl.GuardedLab, ns: str, binary: str, delays: list[float], settle: float = 60.0
 ) -> dict[str, Any]:
@@ -87,6 +107,8 @@ def storm(
             init = task.init_pid()
             victims.append((init, task.shim_pid(init)))
         sampler.start()
+        over_time = LeftoverSampler(lab, ns, tasks)
+        over_time.start()
         killed = time.monotonic()
         for init, shim in victims:
             os.kill(init, 9)
@@ -103,6 +125,8 @@ def storm(
         time.sleep(settle)
     finally:
         sampler.stop.set()
+        if "over_time" in locals():
+            over_time.stop.set()
         for hold in holds:
             hold.destroy()
     stats = cl.delete_stats(lab.settings, {t.id for t in tasks})
@@ -114,6 +138,8 @@ def storm(
         "stats": stats,
         "peak_kb": sampler.peak_kb,
         "peak_count": sampler.peak_count,
+        "dirs_over_time": over_time.dirs,
+        "states_over_time": over_time.states,
     }
 
 
@@ -155,7 +181,7 @@ def _pct(values: list[int], q: float) -> str:
     return str(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
 
-def main() -> int:
+def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--containers", type=int, default=200)
     parser.add_argument("--containerd", choices=["1.6", "2.2", "2.3"], default="2.2")
@@ -165,9 +191,15 @@ def main() -> int:
                         help="runc-guard's finish_window (default: as shipped; 0: no finisher)")
     parser.add_argument("--only-guard", action="store_true",
                         help="skip the stock run (quicker experiments; the table then has no control)")
+    parser.add_argument("--plot", metavar="PNG", default=None,
+                        help="draw what was left over time, stock vs runc-guard (needs the bench extra)")
     parser.add_argument("--settle", type=float, default=60.0,
                         help="seconds after the storm's last process died to count again (no sweep)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = _parse()
     build = cl.find_build(args.containerd)
     runc = cl.runc_binary(args.runc)
     if build is None or runc is None:
@@ -179,6 +211,8 @@ def main() -> int:
     workdir = tempfile.mkdtemp(prefix="rgstorm-")
     rows = []
     reasons: list[tuple[str, int]] = []
+    dirs_series: dict[str, list[tuple[float, int]]] = {}
+    states_series: dict[str, list[tuple[float, int]]] = {}
     try:
         # The node's reporter linger (the labs use 0 so that tests see each entry at once):
         # in a storm one reporter then serves every delete, as on a node.
@@ -190,6 +224,8 @@ def main() -> int:
             runs = [(f"runc {args.runc} (stock)", runc), ("runc-guard", cl.guard_binary())]
             for label, binary in runs[1:] if args.only_guard else runs:
                 result = storm(lab, ns, binary, delays, args.settle)
+                dirs_series[label] = result["dirs_over_time"]
+                states_series[label] = result["states_over_time"]
                 waited = [int(s["waited_ms"]) for s in result["stats"]]
                 cpu = [int(s.get("cpu_ms", 0)) for s in result["stats"]]
                 outcomes: dict[str, int] = {}
@@ -234,9 +270,23 @@ def main() -> int:
          "peak memory, all runc-guard", "outcomes", "storm s"],
         rows,
     )
+    if args.plot:
+        _plot(args, len(delays), seed, dirs_series, states_series)
     print_table("Why runc-guard's deletes ended at the deadline (reason, numbers elided)",
                 ["reason", "deletes"], [[r, str(n)] for r, n in reasons])
     return 0
+
+
+def _plot(
+    args: argparse.Namespace, crashes: int, seed: int, dirs: dict[str, Any], states: dict[str, Any]
+) -> None:
+    """The storm's picture: dirs and states left over time, one line per runtime (bench extra)."""
+    from bench.plots import plot_panels
+
+    plot_panels(args.plot, [("cgroup dirs left", dirs), ("runtime states left", states)],
+                f"{crashes} crashes at once, containerd {args.containerd} + runc {args.runc} "
+                f"(seed {seed}): left after the kills, no sweep", "seconds after the kills")
+    print(f"picture: {args.plot}")
 
 
 def why_unfinished(lab: cl.GuardedLab, ids: list[str]) -> None:
