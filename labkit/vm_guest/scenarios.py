@@ -413,7 +413,7 @@ def crash_loop(handler: str, restarts: int, seconds: float, pid: str, backoff: f
             "units": units, "units_left": sum(1 for p in per if p["unit"] != "gone"),
             "states": sum(bool(p["state"]) for p in per),
             "records": sum(int(p["records"]) for p in per),  # type: ignore[call-overload]
-            "journal_deletes": journal, "outcomes": outcomes,
+            "journal_deletes": journal, "outcomes": outcomes, "ids": ids,
         }  # fmt: skip
     finally:
         pod.remove()
