@@ -216,17 +216,22 @@ def _runtimes_key() -> str:
         return hashlib.sha256(f.read()).hexdigest()[:16]
 
 
+NINEP_OPTIONS = "trans=virtio,version=9p2000.L,msize=262144"
 AGENT_UNIT = f"""[Unit]
 Description=runc-guard VM lab: the host's command channel (virtio-serial {AGENT_PORT})
 After=local-fs.target
 Before=containerd.service
+StartLimitIntervalSec=0
 
 [Service]
 ExecStartPre=/sbin/modprobe -a 9pnet_virtio 9p
-ExecStartPre=/bin/mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 {SHARE_TAG} {SHARE}
+# A restarted agent finds the share mounted already (a second mount of the tag fails
+# with "no channels available"), so mount only when it is not.
+ExecStartPre=/bin/sh -c 'mountpoint -q {SHARE} || exec mount -t 9p -o {NINEP_OPTIONS} {SHARE_TAG} {SHARE}'
 ExecStart=/usr/bin/python3 {SHARE}/guest/agent.py
 Restart=always
 RestartSec=1
+StandardError=journal+console
 
 [Install]
 WantedBy=multi-user.target
@@ -488,10 +493,12 @@ class VM:
             self.proc.wait(timeout)
             return time.monotonic() - started
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(30)
             return None
         finally:
+            # Also on KeyboardInterrupt during the wait: qemu must never outlive its test.
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(30)
             self.agent.close()
 
 
