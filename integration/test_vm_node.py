@@ -7,10 +7,19 @@ every controller on the unified tree, containerd 1.6.20 configured by
 ``runc`` runs runc-guard (from its .deb) in front of the same runc, in the same
 boot. TCG runs guest programs 15-25x slower than the host: the deadlines are the
 shipped ones, and where that changes what a case means the test prints it.
+
+The cells (``labkit/vm_guest/scenarios.py``, figures in docs/vm.md): a teardown
+held by throttled writeback (``io.max`` on the pod slice, a ``busybox dd`` in D
+state for ~8 s) on Path A (``crictl stop``) and Path B (init and shim SIGKILLed),
+then ``runc-guardctl audit`` / ``sweep`` / ``metrics``; and a real memcg OOM
+restarted like CrashLoopBackOff. ``RUNC_GUARD_VM_SIBLING=1`` adds Path B with a
+sibling container in the pod (two more minutes).
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +28,9 @@ import pytest
 from labkit import prereq, vm
 
 STOCK, GUARD = "stock", "runc"
+HANDLERS = f"{STOCK},{GUARD}"
+#: Restarts per handler in the module's crash loop (bench/vm_crashloop.py runs the long one).
+CRASH_RESTARTS = 3
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +47,30 @@ def figure(record: Any, line: str) -> None:
     record("figure", line)
 
 
+def cell(node: vm.VM, *args: str) -> dict[str, Any]:
+    """One scenario for both handlers; a handler's exception in the guest fails the test with its text."""
+    result: dict[str, Any] = node.guest("scenarios.py", *args, timeout=1200)
+    for handler in (STOCK, GUARD):
+        assert "error" not in result.get(handler, {}), json.dumps(result)[-4000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def teardowns(node: vm.VM) -> dict[str, dict[str, Any]]:
+    """The throttled-teardown cells, run once; node tools after them (the sweep sees every leftover)."""
+    cells = {
+        # Shared PID namespace: init dies at once, the writer lingers (the incident's shape).
+        "path-a": cell(node, "teardown", HANDLERS, "a", "pod"),
+        # kubelet's default, own PID namespace: init waits in do_exit for the writer.
+        "path-b": cell(node, "teardown", HANDLERS, "b", "container"),
+    }
+    if os.environ.get("RUNC_GUARD_VM_SIBLING"):
+        cells["path-b-sibling"] = cell(node, "teardown", HANDLERS, "b+sibling", "container")
+    ids = [c for result in cells.values() for h in (STOCK, GUARD) for c in result[h]["ids"].values()]
+    cells["tools"] = node.guest("scenarios.py", "node-tools", "-", *ids, timeout=900)
+    return cells
+
+
 def test_node_is_pure_v2_with_systemd_and_the_package(node: vm.VM, record_property: Any) -> None:
     """The guest is the node of today: cgroup2 with every controller, systemd PID 1, runc-guard's .deb."""
     out = node.run("sh", "-c", "stat -fc %T /sys/fs/cgroup; cat /sys/fs/cgroup/cgroup.controllers; "
@@ -49,4 +85,125 @@ def test_node_is_pure_v2_with_systemd_and_the_package(node: vm.VM, record_proper
     assert handlers[GUARD] == {"binary": "/usr/bin/runc-guard", "systemd": True}, handlers
     assert handlers[STOCK] == {"binary": "/usr/sbin/runc", "systemd": True}, handlers
     figure(record_property, f"vm: booted in {node.boot_s:.0f} s (TCG, {node.smp} vCPU); disk "
-           f"{'cached' if node.disk.build_s is None else f'built in {node.disk.build_s:.0f} s'}")
+           f"{'cached' if node.disk.build_s is None else f'built in {node.disk.build_s:.0f} s'}")  # fmt: skip
+
+
+def row(name: str, result: dict[str, Any], key: str = "after_removal") -> str:
+    """``handler: container dirs/unit/state/bundle/records, journal outcomes`` for one cell."""
+    parts = []
+    for handler in (STOCK, GUARD):
+        r = result[handler]
+        for label, left in r[key].items():
+            journal = [f"{d.get('outcome', d.get('event'))}/{d.get('exit_status', '-')}"
+                       for d in r["deletes"][label]]  # fmt: skip
+            parts.append(
+                f"{handler} {label}: dirs {left['dirs']}, unit {left['unit']}, state {left['state']}, "
+                f"bundle {left['bundle']}, records {left['records']}, journal {journal or '-'}"
+            )
+    return f"vm {name} (held {result[STOCK]['held_s']}/{result[GUARD]['held_s']} s): " + "; ".join(parts)
+
+
+def overloaded(result: dict[str, Any]) -> list[str]:
+    """runc-guard's startup_overloaded entries: TCG spent containerd's budget before runc-guard ran."""
+    return [label for label, entries in result[GUARD]["deletes"].items()
+            if any(e.get("event") == "startup_overloaded" for e in entries)]  # fmt: skip
+
+
+def test_path_a_throttled_teardown(teardowns: dict[str, dict[str, Any]], record_property: Any) -> None:
+    """Path A, shared PID namespace, a writer in throttled writeback for ~8 s: runc-guard leaves nothing."""
+    result = teardowns["path-a"]
+    figure(record_property, row("path-a pid=pod", result))
+    for handler in (STOCK, GUARD):
+        assert result[handler]["io_max"].endswith("wbps=65536 riops=max wiops=max"), result[handler]
+        r = result[handler]
+        figure(record_property, f"vm path-a {handler}: crictl stop -t 0 returned after {r['stop_s']} s "
+               f"(rc {r['stop_rc']}), the writer exited {r['held_s']} s after it")  # fmt: skip
+    guard = result[GUARD]["after_removal"]["work"]
+    assert guard == {"dirs": 0, "unit": "gone", "state": False, "bundle": False, "records": 0}, result[GUARD]
+    # journald is the system journal: every delete runc-guard ran is there under the container's id.
+    assert result[GUARD]["deletes"]["work"], result[GUARD]
+
+
+def test_path_b_dead_shim_throttled_teardown(teardowns: dict[str, Any], record_property: Any) -> None:
+    """Path B, own PID ns, ~8 s teardown > containerd's 5 s: stock keeps runc's state, runc-guard reports.
+
+    runc 1.1.5's ``delete --force`` polls for the namespace's init, which waits in
+    do_exit for the writer: containerd SIGKILLs the shim's delete at 5 s, and runc's
+    state stays (the control). systemd's scope is gone for both once the writer
+    exits (the systemd driver removes an empty transient scope's cgroup itself).
+    """
+    result = teardowns["path-b"]
+    figure(record_property, row("path-b pid=container", result))
+    stock, guard = result[STOCK]["after_removal"]["work"], result[GUARD]["after_removal"]["work"]
+    assert stock["state"] is True, result[STOCK]
+    assert (guard["dirs"], guard["unit"]) == (0, "gone"), result[GUARD]
+    entries = result[GUARD]["deletes"]["work"]
+    if not entries:
+        said = result[GUARD]["containerd"]["work"][:2]
+        figure(record_property, "vm path-b: TCG: containerd killed the shim's delete before runc-guard "
+               f"started (no journal entry); containerd said {said}")  # fmt: skip
+    elif overloaded(result):
+        figure(record_property, "vm path-b: TCG: runc-guard started after most of containerd's 5 s "
+               "budget was spent (startup_overloaded) and stepped aside: this cell measures "
+               "the emulator")  # fmt: skip
+    else:
+        outcomes = {e.get("outcome") for e in entries}
+        assert outcomes & {"deadline", "removed", "record_finished", "already_gone"}, entries
+
+
+def test_path_b_with_a_sibling(teardowns: dict[str, dict[str, Any]], record_property: Any) -> None:
+    """Path B with a sibling container sharing the dead shim (only with RUNC_GUARD_VM_SIBLING=1)."""
+    if "path-b-sibling" not in teardowns:
+        pytest.skip("RUNC_GUARD_VM_SIBLING is not set: the sibling cell adds two minutes of TCG")
+    result = teardowns["path-b-sibling"]
+    figure(record_property, row("path-b+sibling pid=container", result))
+    if overloaded(result):
+        figure(record_property, f"vm path-b+sibling: TCG: runc-guard stepped aside (startup_overloaded) "
+               f"for {overloaded(result)}")  # fmt: skip
+    assert result[STOCK]["after_removal"]["work"]["state"] is True, result[STOCK]
+    for label, entries in result[GUARD]["deletes"].items():
+        assert entries, f"no runc-guard entry in the journal for {label}: {result[GUARD]}"
+
+
+def test_node_tools_on_the_unified_tree(teardowns: dict[str, dict[str, Any]], record_property: Any) -> None:
+    """audit reports what the cells left, sweep clears runc-guard's records, metrics count the deletes."""
+    tools = teardowns["tools"]
+    figure(record_property, f"vm audit before the sweep: rc {tools['audit_rc']}: {tools['audit'][:3]}")
+    figure(record_property, f"vm sweep: rc {tools['sweep_rc']}: {tools['sweep'][:1]}")
+    figure(record_property, f"vm audit after: rc {tools['audit_after_rc']}; metrics {tools['metrics']}")
+    figure(record_property, f"vm scope units left: {len(tools['scope_units'])}")
+    assert tools["sweep_rc"] == 0, tools
+    assert tools["metrics_rc"] == 0, tools
+    assert any(line.startswith("runc_guard_deletes_total") for line in tools["metrics"]), tools
+    # The sibling cell's sibling may still run where TCG made runc-guard step aside (docs/vm.md).
+    guard_ids = {teardowns[name][GUARD]["ids"]["work"] for name in ("path-a", "path-b")}
+    for cid in guard_ids:
+        left = tools["left"][cid]
+        assert (left["dirs"], left["records"]) == (0, 0), (cid, left)
+
+
+def test_oom_crash_loop(node: vm.VM, record_property: Any) -> None:
+    """Real memcg OOM kills, restarted at CrashLoopBackOff's 1 s floor: runc-guard leaves nothing."""
+    result = cell(node, "crash-loop", HANDLERS, str(CRASH_RESTARTS), "900", "container")
+    ids = [c for h in (STOCK, GUARD) for c in result[h]["ids"]]
+    tools: dict[str, Any] = node.guest("scenarios.py", "node-tools", "-", *ids, timeout=900)
+    for handler in (STOCK, GUARD):
+        r = result[handler]
+        figure(record_property, (
+            f"vm oom crash loop {handler}: {r['restarts']} restarts, {r['oom_kills']} oom_kill, "
+            f"{r['per_restart_s']} s each (TCG); exits {r['exits']}; left dirs {r['dirs']}, "
+            f"units {r['units_left']}, states {r['states']}, records {r['records']}; journal {r['outcomes']}"
+        ))  # fmt: skip
+        # Real kernel OOM kills, one per attempt at least (memory.events of the pod slice).
+        assert r["restarts"] == CRASH_RESTARTS, r
+        assert r["oom_kills"] >= r["restarts"], r
+    if any(k.startswith("deadline/") for k in result[GUARD]["outcomes"]):
+        figure(record_property, "vm oom crash loop: TCG: some runc-guard deletes hit their deadline (the "
+               "runtime child outlived the shipped budget under emulation); CRI's retry or the sweep "
+               "finished them")  # fmt: skip
+    guard = result[GUARD]
+    assert (guard["dirs"], guard["units_left"]) == (0, 0), guard
+    after = [tools["left"][c] for c in guard["ids"]]
+    assert [(a["dirs"], a["state"], a["records"]) for a in after] == [(0, False, 0)] * len(after), after
+    # journald is the system journal: every container runc-guard deleted has its entries there.
+    assert guard["journal_silent"] == 0, guard

@@ -26,6 +26,10 @@ CRI = "io.containerd.grpc.v1.cri"
 PAUSE_IMAGE = "docker.io/runc-guard-test/pause:1"
 RUNC_134 = "/opt/rg/runtimes/runc-1.3.4"
 SHARE = "/opt/rg/share"
+#: The host's per-boot data disk (labkit.vm.DATA_MOUNT): hostPath volumes of the
+#: slow-teardown scenarios, throttled apart from the root disk.
+DATA_DEVICE = "/dev/vdb"
+DATA_MOUNT = "/var/lib/rgvm/data"
 
 
 CRICTL = "/opt/rg/runtimes/crictl"
@@ -71,6 +75,8 @@ def main() -> None:
     import os
 
     with_134 = os.access(RUNC_134, os.X_OK)
+    os.makedirs(DATA_MOUNT, exist_ok=True)
+    sh("mount", "-t", "ext4", DATA_DEVICE, DATA_MOUNT)
     write_config(with_134)
     guarded = ["--runtime", "runc"] + (["--runtime", "runc-134"] if with_134 else [])
     configured = sh("runc-guardctl", "configure", "containerd", *guarded, "--restart")
