@@ -21,7 +21,7 @@ import structlog
 
 from runc_guard import journal
 from runc_guard.atomic import append_line
-from runc_guard.spool import keep_only_stdio_and, pending_files, read_spooled, try_lock
+from runc_guard.spool import keep_only_stdio_and, pending_files, read_spooled, step_back, try_lock
 
 #: How long the reporter lets a full journald keep it per entry before it uses the file.
 JOURNAL_WAIT = 2.0
@@ -133,6 +133,7 @@ def reporter_main(directory: str, linger: float, held: int) -> None:
     ``held`` is the spool's lock, taken for it by the delete that started it.
     """
     keep_only_stdio_and(held)
+    step_back()
     drain_spool(directory, linger, held=held)
 
 

@@ -101,6 +101,32 @@ def try_lock(directory: str, name: str = LOCK) -> int | None:
     return fd
 
 
+#: A detached helper's nice, for itself and for its session's autogroup (the lowest: 19).
+HELPER_NICE = 19
+
+
+def step_back(autogroup: str = "/proc/self/autogroup") -> None:
+    """A detached helper's second act: run below everything containerd does, even in a storm.
+
+    The helpers start their own session (so a kill of the shim's process group
+    cannot reach them), and with ``sched_autogroup`` (on in Debian's kernels) the
+    scheduler first shares the CPU between sessions: a helper alone in its session
+    competed as an equal with the session of containerd, its shims and their
+    runtimes, whatever its own nice. So both are lowered: the process's nice (all
+    that counts without autogroup) and its autogroup's. Best effort: a kernel
+    without autogroup has no such file.
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, HELPER_NICE)
+    except OSError:
+        pass
+    try:
+        with open(autogroup, "w") as f:
+            f.write(str(HELPER_NICE))
+    except OSError:
+        pass
+
+
 def keep_only_stdio_and(held: int) -> None:
     """A detached helper's first act: close every inherited fd but stdio (/dev/null) and its lock.
 

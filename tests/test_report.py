@@ -196,3 +196,36 @@ def test_a_storm_of_deletes_loses_no_entry(shim_binary: str, workdir: str, count
 def _reported(workdir: str) -> list[dict[str, Any]]:
     assert wait_reported(os.path.join(workdir, "cache"), timeout=30)
     return read_jsonl(os.path.join(workdir, "events.jsonl"))
+
+
+@pytest.mark.kernel
+def test_a_detached_helper_runs_below_containerds_session(tmp_path: Any) -> None:
+    """Reporter and finisher start a session of their own; under sched_autogroup that session
+    would share the CPU as an equal of containerd's (shims and runtimes included) whatever the
+    helper's nice. step_back lowers both the helper's nice and its autogroup's, on the real kernel."""
+    from labkit import prereq
+    from runc_guard.delete.report import spawn_detached
+    from runc_guard.spool import HELPER_NICE
+
+    prereq.require(os.path.exists("/proc/self/autogroup"), "sched_autogroup (/proc/self/autogroup)")
+    out = str(tmp_path / "seen")
+    program = "; ".join([
+        "import os, sys",
+        "sys.path.insert(0, sys.argv[1])",
+        "from runc_guard.spool import step_back",
+        "step_back()",
+        "group = open('/proc/self/autogroup').read().strip()",
+        "nice = os.getpriority(os.PRIO_PROCESS, 0)",
+        "open(sys.argv[2] + '.tmp', 'w').write(f'{group}|{nice}')",
+        "os.rename(sys.argv[2] + '.tmp', sys.argv[2])",
+    ])
+    lock = os.open(str(tmp_path / "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    pid = spawn_detached(program, [out], lock)
+    assert pid > 0
+    os.waitpid(pid, 0)
+    with open(out) as f:
+        group, nice = f.read().split("|")
+    with open("/proc/self/autogroup") as f:
+        ours = f.read().split()[0]
+    assert group.split()[0] != ours, "a session of its own: an autogroup of its own"
+    assert group.split()[-1] == str(HELPER_NICE) and int(nice) == HELPER_NICE, (group, nice)

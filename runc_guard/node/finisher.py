@@ -48,7 +48,7 @@ from runc_guard.errors import RuncGuardError, StateMissing, StateUnreadable
 from runc_guard.node.orphans import cleanups_running, live_shim_ids
 from runc_guard.procinfo import DEAD, init_liveness
 from runc_guard.settings import Settings, load
-from runc_guard.spool import keep_only_stdio_and, spool_dir
+from runc_guard.spool import keep_only_stdio_and, spool_dir, step_back
 
 #: How long one pass waits for a recorded cgroup to change before looking again.
 POLL = 0.5
@@ -292,10 +292,7 @@ def finisher_main(held: int) -> None:
     a record it has not seen yet means another round.
     """
     keep_only_stdio_and(held)
-    try:
-        os.nice(10)
-    except OSError:
-        pass
+    step_back()
     from runc_guard.delete.report import FINISHER_LOCK
     from runc_guard.node.pidns import pid_namespace_view
     from runc_guard.spool import try_lock
