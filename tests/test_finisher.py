@@ -179,6 +179,7 @@ def test_an_overload_record_is_left_alone_unless_everything_proves_it_done(lab: 
         import shutil
 
         shutil.rmtree(os.path.join(lab.root, "c1"))
+
     finisher = run(lab.settings, 2.0, _finisher(lab), quiet=0)
     assert finisher.finished == [] and lab.runs() == [] and lab.fs.killed == []
     assert os.path.exists(aside) and all(lab.fs.exists(d) for d in dirs)
@@ -231,3 +232,21 @@ def test_a_busy_node_replies_earlier_only_when_a_finisher_completes(
                      started=lab.clock() - lag)
     assert run_.deadline == pytest.approx(run_.started + 2.0 - margin)
     assert run_.canonical.get("reply_margin_ms", 0) == round(margin * 1000)
+
+
+def test_an_overload_record_naming_a_path_is_never_read(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record is input: a container id that is not one (here a path to a real state) is dropped
+    before it names any file or reaches a runtime."""
+    import runc_guard.node.finisher as finisher_mod
+
+    _overloaded(lab, "c1")
+    ((aside, _),) = list(iter_aside(lab.settings.cache_dir))
+    with open(aside) as f:
+        doc = json.load(f)
+    doc["container_id"] = "../state/c1"
+
+    def no_read(*_args: object) -> None:
+        raise AssertionError("a state was read for an invalid id")
+
+    monkeypatch.setattr(finisher_mod, "read_state", no_read)
+    assert _finisher(lab)._judge_overload(doc) is None

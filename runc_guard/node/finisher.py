@@ -48,6 +48,7 @@ from runc_guard.errors import RuncGuardError, StateMissing, StateUnreadable
 from runc_guard.node.orphans import cleanups_running, live_shim_ids
 from runc_guard.procinfo import DEAD, init_liveness
 from runc_guard.settings import Settings, load
+from runc_guard.shim.argv import valid_container_id
 from runc_guard.spool import keep_only_stdio_and, spool_dir, step_back
 
 #: How long one pass waits for a recorded cgroup to change before looking again.
@@ -128,6 +129,8 @@ class Finisher:
         root, cid, runtime = str(doc.get("runtime_root", "")), str(doc["container_id"]), doc.get("runtime")
         if not isinstance(runtime, str) or not os.path.isabs(runtime) or not os.path.isabs(root):
             return None
+        if not valid_container_id(cid):
+            return None  # a record is input: an id that is not one never reaches a path or a runtime
         if not runtime_state_exists(root, cid):
             return None  # the runtime's own delete went through (or runc 1.1 dropped it: the sweep's)
         try:
