@@ -209,8 +209,9 @@ def test_containerds_own_cleanups_go_first(lab: Lab) -> None:
     assert run(lab.settings, 60.0, _finisher(lab, proc), quiet=5.0).finished == ["c1"]
     assert lab.clock() - started >= HOLD_MAX
     _cut_short(lab, "c2")
+    calm = _fake_proc(os.path.join(lab.tmp, "calm"), ["/bin/sleep", "60"])  # not the host's: it has cleanups
     started = lab.clock()
-    assert run(lab.settings, 60.0, _finisher(lab), quiet=5.0).finished == ["c2"]
+    assert run(lab.settings, 60.0, _finisher(lab, calm), quiet=5.0).finished == ["c2"]
     assert 5.0 <= lab.clock() - started < HOLD_MAX
 
 
