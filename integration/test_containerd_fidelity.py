@@ -31,7 +31,9 @@ def _ctr_session(lab: cl.Containerd, ns: str, task: cl.Task) -> list[tuple[objec
     # PIDs differ between two tasks; they must be exactly the task's processes.
     pids = sorted(int(line.split()[0]) for line in listed.splitlines()[1:])
     assert pids == sorted(task.pids())
-    seen[-1] = (*seen[-1][:2], listed.splitlines()[0], len(pids), seen[-1][3])
+    # ctr pads its columns to the widest PID: a 4- and a 5-digit PID give different headers.
+    header = " ".join(listed.splitlines()[0].split())
+    seen[-1] = (*seen[-1][:2], header, len(pids), seen[-1][3])
     call("task", "exec", "--exec-id", "e1", task.id, "/bin/sh", "-c",
          "echo out; echo err >&2; exit 7")
     call("task", "exec", "--exec-id", "e2", task.id, "/nonexistent")
