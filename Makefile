@@ -24,11 +24,14 @@ deps:
 	fi
 
 # A real (not editable) install: the shim's start-up cost is part of what we measure,
-# and an editable install adds an import hook to every interpreter start.
+# and an editable install adds an import hook to every interpreter start. The shim
+# runs under `python -IS` as the .deb installs it (bin/runc-guard adds the venv's packages).
 $(STAMP): $(SOURCES)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip >/dev/null
 	$(PY) -m pip install -q '.[test]'
+	sed -i '1s|^#!\(.*/python[0-9.]*\)$$|#!\1 -IS|' $(VENV)/bin/runc-guard
+	head -1 $(VENV)/bin/runc-guard | grep -q -- ' -IS$$'
 	touch $@
 
 venv: $(STAMP)

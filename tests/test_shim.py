@@ -165,10 +165,26 @@ def test_very_long_argv(shim_binary: str, recorder: str, tmp_path: os.PathLike[s
     assert [bytes.fromhex(a).decode() for a in rec["argv"]] == args
 
 
+def with_importtime(shim_binary: str) -> list[str]:
+    """The shim run by its own shebang line plus ``-X importtime`` (-I ignores PYTHONPROFILEIMPORTTIME)."""
+    with open(shim_binary) as f:
+        interpreter = f.readline()[2:].split()
+    return [*interpreter, "-X", "importtime", shim_binary]
+
+
+def test_the_shim_runs_isolated_and_without_site(shim_binary: str) -> None:
+    """As the .deb's /usr/bin/runc-guard: python -IS, so no .pth file, sitecustomize or
+    PYTHON* variable in containerd's environment runs on a runtime call."""
+    with open(shim_binary) as f:
+        assert f.readline().split()[1:] == ["-IS"]
+
+
 def test_hot_path_imports_no_heavy_modules(shim_binary: str, tmp_path: os.PathLike[str]) -> None:
     """A passthrough loads none of click/structlog/psutil/tenacity/tomllib/dataclasses/re."""
-    env = isolated_env(tmp_path, {"PYTHONPROFILEIMPORTTIME": "1"})
-    proc = subprocess.run([shim_binary, "--version"], env=env, capture_output=True, text=True, check=True)
+    env = isolated_env(tmp_path, {})
+    proc = subprocess.run([*with_importtime(shim_binary), "--version"], env=env, capture_output=True, text=True,
+                          check=True)
+    assert "site" not in {line.split("|")[-1].strip() for line in proc.stderr.splitlines()}
     imported = {
         line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")
     }
@@ -182,9 +198,10 @@ def test_hot_path_with_warm_settings_cache(shim_binary: str, tmp_path: os.PathLi
     config = os.path.join(tmp_path, "config.toml")
     with open(config, "w") as f:
         f.write('runtime = "runc"\n')
-    env = isolated_env(tmp_path, {"RUNC_GUARD_CONFIG": config, "PYTHONPROFILEIMPORTTIME": "1"})
+    env = isolated_env(tmp_path, {"RUNC_GUARD_CONFIG": config})
     runs = [
-        subprocess.run([shim_binary, "--version"], env=env, capture_output=True, text=True, check=True)
+        subprocess.run([*with_importtime(shim_binary), "--version"], env=env, capture_output=True, text=True,
+                       check=True)
         for _ in range(2)
     ]
     assert "tomllib" in runs[0].stderr
