@@ -182,8 +182,8 @@ def test_the_shim_runs_isolated_and_without_site(shim_binary: str) -> None:
 def test_hot_path_imports_no_heavy_modules(shim_binary: str, tmp_path: os.PathLike[str]) -> None:
     """A passthrough loads none of click/structlog/psutil/tenacity/tomllib/dataclasses/re."""
     env = isolated_env(tmp_path, {})
-    proc = subprocess.run([*with_importtime(shim_binary), "--version"], env=env, capture_output=True, text=True,
-                          check=True)
+    argv = [*with_importtime(shim_binary), "--version"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
     assert "site" not in {line.split("|")[-1].strip() for line in proc.stderr.splitlines()}
     imported = {
         line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")
