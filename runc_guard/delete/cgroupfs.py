@@ -9,7 +9,6 @@ decides *whether* to act; callers do that.
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # signal's enums cost ~1 ms of every start
-import ctypes
 import errno
 import os
 import select
@@ -49,26 +48,10 @@ class CgroupFsOps(Protocol):
     def stop_load_balance(self, path: str) -> None: ...
 
 
-class _Statfs(ctypes.Structure):
-    # struct statfs on 64-bit Linux begins with __fsword_t f_type (a long);
-    # the rest of the 120-byte struct is padding we never read.
-    _fields_ = (("f_type", ctypes.c_long), ("_rest", ctypes.c_byte * 112))
-
-
-_libc: ctypes.CDLL | None = None
-
-
 def _statfs_type(path: str) -> int:
-    global _libc
-    if _libc is None:
-        # CDLL(None) is the libc already mapped into this process. find_library("c")
-        # would import ctypes.util (~11 ms) and run `ldconfig -p` on every delete.
-        _libc = ctypes.CDLL(None, use_errno=True)
-    buf = _Statfs()
-    if _libc.statfs(os.fsencode(path), ctypes.byref(buf)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), path)
-    return int(buf.f_type) & 0xFFFFFFFF
+    from runc_guard.libc import statfs_type
+
+    return statfs_type(path)
 
 
 class RealCgroupFs:

@@ -29,15 +29,16 @@ def _spawn(path: str, argv: list[str], env: dict[bytes, bytes]) -> int:
     raised here, as Popen raises it. Every fd we inherited reaches the runtime
     (ours are close-on-exec): the console socket, --preserve-fds, the pid file.
     """
-    import ctypes
+    from runc_guard.libc import PR_SET_PDEATHSIG
+    from runc_guard.libc import prctl as lookup_prctl
 
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl = lookup_prctl()
     parent = os.getpid()
     err_r, err_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: only async-signal-safe work until execve
         try:
-            prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+            prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL
             if os.getppid() != parent:  # we died before prctl took effect
                 os._exit(128 + 9)
             os.execve(path, argv, env)
