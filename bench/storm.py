@@ -91,6 +91,23 @@ class LeftoverSampler(threading.Thread):
             self.stop.wait(self.interval)
 
 
+#: containerd's budget for one dead-shim cleanup (io.containerd.timeout.shim.cleanup).
+CLEANUP_BUDGET = 5.0
+
+
+def cpu_times() -> tuple[float, float]:
+    """(busy, idle) CPU seconds of the whole node since boot, from /proc/stat.
+
+    Busy counts user, system, irq and softirq time, not ``nice``: what niced work
+    (runc-guard's reporter and finisher, anything else at a lower priority) used is
+    time the storm could have had.
+    """
+    with open("/proc/stat") as f:
+        user, nice, system, idle, iowait, irq, softirq = (int(x) for x in f.readline().split()[1:8])
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + system + irq + softirq) / tick, (idle + iowait + nice) / tick
+
+
 def storm(
     lab: cl.GuardedLab, ns: str, binary: str, delays: list[float], settle: float = 60.0
 ) -> dict[str, Any]:
@@ -109,6 +126,7 @@ def storm(
         sampler.start()
         over_time = LeftoverSampler(lab, ns, tasks)
         over_time.start()
+        busy_before, idle_before = cpu_times()
         killed = time.monotonic()
         for init, shim in victims:
             os.kill(init, 9)
@@ -116,6 +134,9 @@ def storm(
         for delay, hold in sorted(zip(delays, holds, strict=True), key=lambda pair: pair[0]):
             time.sleep(max(0.0, killed + delay - time.monotonic()))
             hold.release()
+        # How much of the node containerd's 5 s cleanup budget had: the storm's own demand.
+        time.sleep(max(0.0, killed + CLEANUP_BUDGET - time.monotonic()))
+        busy_after, idle_after = cpu_times()
         wait_for(lambda: all(t.gone() for t in tasks), 120, 0.1)
         wait_for(lambda: not any(t.pids() for t in tasks), 30, 0.1)
         elapsed = time.monotonic() - killed
@@ -135,6 +156,7 @@ def storm(
         **leftovers(lab, ns, tasks),
         "at_end": at_end,
         "elapsed": elapsed,
+        "budget_cpu": (busy_after - busy_before, idle_after - idle_before),
         "stats": stats,
         "peak_kb": sampler.peak_kb,
         "peak_count": sampler.peak_count,
@@ -252,6 +274,8 @@ def main() -> int:
                     f"{result['peak_kb'] / 1024:.0f} MiB ({result['peak_count']} procs)" if cpu else "-",
                     " ".join(f"{k}={v}" for k, v in sorted(outcomes.items())) or "-",
                     f"{result['elapsed']:.1f}",
+                    "{:.1f} / {:.1f}".format(*result["budget_cpu"]),
+                    paths_taken(lab.settings, {t.id for t in result["tasks"]}) if binary != runc else "-",
                 ])
                 if binary != runc:
                     reasons = deadline_reasons(lab.settings, {t.id for t in result["tasks"]})
@@ -267,7 +291,9 @@ def main() -> int:
          f"{args.settle:g} s later, no sweep: dirs left", "containers leaking", "runtime states left",
          "pending records", "tasks never finished",
          "after sweep: dirs / states", "wait p50 ms", "wait p99 ms", "CPU/delete ms (median)",
-         "peak memory, all runc-guard", "outcomes", "storm s"],
+         "peak memory, all runc-guard", "outcomes", "storm s",
+         f"node CPU s in the first {CLEANUP_BUDGET:g} s: busy / idle or niced",
+         "deletes: full path / stepped aside / no entry"],
         rows,
     )
     if args.plot:
@@ -305,6 +331,23 @@ def why_unfinished(lab: cl.GuardedLab, ids: list[str]) -> None:
         error = lines[0].split("error=", 1)[-1][:150] if lines else "-"
         rows.append([cid[-12:], " ".join(ours[cid]) or "(no entry)", error])
     print_table("Tasks containerd never finished", ["task", "runc-guard", "containerd's error"], rows)
+
+
+def paths_taken(settings: dict[str, str], ids: set[str]) -> str:
+    """How each delete went, by runc-guard's own entries: its full path (a ``delete`` entry),
+    stepped aside at start-up (``startup_overloaded``), or no entry at all (killed with
+    containerd's shim before it could log or exec the runtime)."""
+    full: set[str] = set()
+    aside: set[str] = set()
+    for entry in cl.guard_events(settings):
+        cid = str(entry.get("container_id"))
+        if entry.get("event") == "delete":
+            full.add(cid)
+        elif entry.get("event") == "startup_overloaded":
+            aside.add(cid)
+    full &= ids
+    aside = (aside & ids) - full
+    return f"{len(full)} / {len(aside)} / {len(ids - full - aside)}"
 
 
 def deadline_reasons(settings: dict[str, str], ids: set[str]) -> list[tuple[str, int]]:
