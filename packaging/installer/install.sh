@@ -147,7 +147,10 @@ configure_args() {
         [ -n "$r" ] && args+=(--runtime "$r")
     done
     if [ "$RESTART_CONTAINERD" = "true" ]; then
-        args+=(--restart --restart-command "${HOST_EXEC:+$HOST_EXEC }systemctl restart containerd")
+        # configure picks the unit (containerd; k3s, k3s-agent, rke2-server or rke2-agent,
+        # which embed containerd) and runs `systemctl restart <unit>` on the host.
+        args+=(--restart)
+        if [ -n "$HOST_EXEC" ]; then args+=(--restart-via "$HOST_EXEC"); fi
     fi
     printf '%s\0' "${args[@]}"
 }

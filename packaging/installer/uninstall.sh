@@ -32,7 +32,9 @@ if [ "$REVERT_ON_STOP" != "true" ]; then
 fi
 args=(configure containerd --host-root "$HOST_ROOT" --config "$CONTAINERD_CONFIG" --revert)
 if [ "$RESTART_CONTAINERD" = "true" ]; then
-    args+=(--restart --restart-command "${HOST_EXEC:+$HOST_EXEC }systemctl restart containerd")
+    # configure picks the unit (containerd, or the k3s/RKE2 unit that embeds it).
+    args+=(--restart)
+    if [ -n "$HOST_EXEC" ]; then args+=(--restart-via "$HOST_EXEC"); fi
 fi
 "$CTL" "${args[@]}"
 if [ "$REMOVE_FILES" = "true" ]; then

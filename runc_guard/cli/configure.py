@@ -413,10 +413,13 @@ def configure() -> None:
 @click.option("--restart-command", default=None, metavar="CMD",
               help=f"Default: {DEFAULT_RESTART!r}; on k3s/RKE2 their own unit "
                    "(k3s, k3s-agent, rke2-server or rke2-agent).")
+@click.option("--restart-via", default=None, metavar="PREFIX",
+              help="Run the restart command through this command (the DaemonSet installer: "
+                   "nsenter into the host's namespaces), keeping the k3s/RKE2 unit choice.")
 def containerd(
     *, config: str, dry_run: bool, do_revert: bool, force: bool, runtimes: tuple[str, ...],
     binary: str | None, settings_path: str | None, config_version: str, host_root: str,
-    restart: bool, restart_command: str | None,
+    restart: bool, restart_command: str | None, restart_via: str | None,
 ) -> None:
     """Set options.BinaryName of containerd's runc handlers to runc-guard.
 
@@ -439,7 +442,7 @@ def containerd(
         generated = detect_generated(host, config, _decode(host.read(config), config))
         for line in revert(host, config, force):
             click.echo(line)
-        command = restart_command or restart_for(host, generated, restart)
+        command = _via(restart_via, restart_command or restart_for(host, generated, restart))
         _report_restart(restart, command, changed=had_record)
         return
     binary = binary or installed_shim()
@@ -466,10 +469,15 @@ def containerd(
     if not change.anything:
         click.echo("containerd is already configured: nothing written, no restart needed")
         return
-    command = restart_command or restart_for(host, change.generated, restart)
+    command = _via(restart_via, restart_command or restart_for(host, change.generated, restart))
     for line in apply_change(host, config, change):
         click.echo(line)
     _report_restart(restart, command, changed=change.plan.changed)
+
+
+def _via(prefix: str | None, command: str) -> str:
+    """``command`` run through ``prefix`` (e.g. ``nsenter -t 1 ... --``), when one is given."""
+    return f"{prefix} {command}" if prefix else command
 
 
 def restart_for(host: Host, generated: k3s.Generated | None, restart: bool) -> str:
