@@ -396,3 +396,67 @@ def test_blocking_runtime_is_stopped_at_the_deadline(shim_binary: str, workdir: 
         assert elapsed < 30, elapsed
         assert "delete still running after" in proc.stderr and "does not exist" not in proc.stderr
         assert len(os.listdir(os.path.join(workdir, "pending"))) == 1
+
+
+@pytest.mark.parametrize("force", [True, False])
+def test_a_runtime_stopped_at_the_deadline_leaves_no_running_container(
+    shim_binary: str, workdir: str, force: bool
+) -> None:
+    """Fault: the runtime has not reached its kill of a running container when the deadline
+    comes (a node so loaded that runc barely started; seen in the VM lab under emulation:
+    a pod's pause kept running after containerd forgot the pod). With ``--force`` runc-guard
+    kills the container's init itself before it stops the runtime, as --force asked the
+    runtime to; without ``--force`` (a delete that must fail on a running container) it
+    kills nothing. Either way exit 75 with the record kept."""
+    ctr = RuncContainer.start(workdir, children=1)
+    try:
+        init = ctr.init_pid()
+        # Stopped (SIGTERM) while it waits, it takes its sleep along: nothing outlives the test.
+        slow = script(os.path.join(workdir, "slow-runc"),
+                      f"trap 'kill $!; exit 143' TERM\nsleep 30 & wait $!\nexec {ctr.runc} \"$@\"")
+        env = guard_env(workdir, RUNC_GUARD_RUNTIME=slow, RUNC_GUARD_DELETE_TIMEOUT="1")
+        argv = [shim_binary, "--root", ctr.root, "delete", *(["--force"] if force else []), ctr.id]
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, timeout=60)
+        assert proc.returncode == 75, proc.stderr
+        assert "delete still running after" in proc.stderr
+        assert len(os.listdir(os.path.join(workdir, "pending"))) == 1
+        (entry,) = [e for e in reported_events(workdir) if e.get("event") == "delete"]
+        if force:
+            assert wait_for(lambda: not os.path.exists(f"/proc/{init}") or _zombie(init), 5), \
+                "the container's init outlived a delete --force"
+            assert entry["init_killed_at_deadline"] == init
+        else:
+            assert os.path.exists(f"/proc/{init}") and not _zombie(init), "a plain delete killed the init"
+            assert "init_killed_at_deadline" not in entry
+    finally:
+        ctr.destroy()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("helped", [True, False])
+def test_the_runtime_gets_a_grace_to_finish_after_the_deadline_kill(workdir: str, helped: bool) -> None:
+    """run_runtime_child: when ``at_deadline`` did the runtime's remaining work (True), a runtime
+    that then ends by itself within FINISH_GRACE keeps its own status; otherwise it is stopped."""
+    from runc_guard.delete.runtime_child import run_runtime_child
+
+    done = os.path.join(workdir, "init-killed")
+    runtime = script(os.path.join(workdir, "rt"),
+                     f"trap 'exit 143' TERM\nwhile [ ! -e {done} ]; do sleep 0.02; done\nexit 0")
+
+    def at_deadline() -> bool:
+        if helped:
+            open(done, "w").close()
+        return helped
+
+    run = run_runtime_child(runtime, [], time.monotonic() + 0.5, at_deadline=at_deadline)
+    if helped:
+        assert (run.status, run.timed_out) == (0, False)
+    else:
+        assert run.timed_out and run.status in (143, 128 + signal.SIGKILL)

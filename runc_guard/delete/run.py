@@ -181,6 +181,8 @@ class DeleteRun:
         self.record: str | None = None
         #: The container's cgroup directories, once read from its state.
         self.paths: list[str] = []
+        #: (pid, start) of an init alive when a ``delete --force`` began: the deadline's kill.
+        self.live_init: tuple[int, int] | None = None
         #: The sandbox whose delete runs this one (a CRI sandbox's dead sibling), if any.
         self.sibling_of: str | None = None
         #: runc-guard had to wait for (or kill) processes before the runtime could run.
@@ -274,7 +276,7 @@ class DeleteRun:
     def _run_runtime(self, deadline: float | None) -> RuntimeRun:
         """One run of the runtime's delete; a forwarded signal ends the whole delete."""
         self.canonical["runtime_runs"] += 1
-        run = run_runtime_child(self.runtime, self.args, deadline, self.clock)
+        run = run_runtime_child(self.runtime, self.args, deadline, self.clock, self._kill_live_init)
         self.canonical["runtime_ms"] = self.canonical.get("runtime_ms", 0) + run.waited_ms
         if run.timed_out or run.signalled is not None or run.status >= 128:
             self._thaw_left_frozen()
@@ -288,6 +290,30 @@ class DeleteRun:
                 "deadline", EXIT_CGROUP_BUSY, str(RuntimeDeadline(self.runtime, run.waited_ms)), True
             )
         return run
+
+    def _kill_live_init(self) -> bool:
+        """At the deadline, the runtime's ``delete --force`` of a running container still running:
+        SIGKILL the container's init ourselves, then let the runtime finish. True if killed.
+
+        Stopped before it got to its own kill (a node so loaded that the runtime had
+        not run yet, seen in the VM lab under emulation), the runtime would leave the
+        container running while containerd forgets it: a pod's pause process alive in
+        its scope after the pod is gone. ``--force`` asked for exactly this kill, so it
+        is no more than the runtime would have done. Only the init this delete proved
+        alive at its start (pid and start time), only as a member of the container's
+        own cgroups, through a pidfd (CgroupFs.kill_if_member): never a recycled pid.
+        """
+        live = self.live_init
+        if live is None:
+            return False
+        pid, start = live
+        if init_liveness(pid, start) != ALIVE:
+            return False
+        for path in self.paths:
+            if self.fs.exists(path) and self.fs.kill_if_member(pid, path):
+                self.canonical["init_killed_at_deadline"] = pid
+                return True
+        return False
 
     def _thaw_left_frozen(self) -> None:
         """Thaw the container's own v1 freezer if a runtime stopped mid-destroy left it FROZEN.
@@ -434,6 +460,8 @@ class DeleteRun:
         may_kill, watch_foreign, wait_first = self._kill_policy(state)
         liveness = init_liveness(state.init_pid, state.init_start)
         self.canonical["init_alive"] = liveness == ALIVE
+        if liveness == ALIVE and self.invocation.force:
+            self.live_init = (state.init_pid, state.init_start)
         if liveness not in (ALIVE, DEAD):  # unknown: a /proc read failed, act as if not there
             self.canonical["init"] = liveness
             self._step_aside(f"cannot tell whether init {state.init_pid} is alive (/proc unreadable)", None)

@@ -66,6 +66,9 @@ def _reap(pid: int) -> int:
 
 #: After SIGTERM at the deadline, how long the runtime gets before SIGKILL.
 STOP_GRACE = 0.3
+#: After ``at_deadline`` did the runtime's kill for it, how long the runtime gets to finish
+#: its own delete (runc 1.1 looks for the init's death every 100 ms) before SIGTERM.
+FINISH_GRACE = 0.3
 
 
 class RuntimeRun:
@@ -136,6 +139,7 @@ def run_runtime_child(
     args: Sequence[str],
     deadline: float | None = None,
     clock: Callable[[], float] | None = None,
+    at_deadline: Callable[[], bool] | None = None,
 ) -> RuntimeRun:
     """Run the runtime as a child with our argv, environment and fds, bounded by ``deadline``.
 
@@ -145,6 +149,9 @@ def run_runtime_child(
     runc-guard, not its caller, must be the one that stops a hung runtime, so
     that it can still report and keep its record. A child killed by signal N is
     reported as 128+N, like a shell and like go-runc's callers expect.
+    ``at_deadline``, called first, may do what the runtime was still to do (the
+    delete's kill of a live init); when it returns True the runtime gets
+    FINISH_GRACE to end by itself before it is stopped.
     """
     import _signal  # type: ignore[import-not-found]  # not signal: its enums cost ~1 ms
     import time
@@ -178,6 +185,9 @@ def run_runtime_child(
             send(signum)
         if deadline is not None and not _wait_until(child, deadline - now()):
             timed_out = True
+            if at_deadline is not None and at_deadline() and _wait_until(child, FINISH_GRACE):
+                timed_out = False
+        if timed_out:
             send(_signal.SIGTERM)
             if not _wait_until(child, STOP_GRACE):
                 send(_signal.SIGKILL)
