@@ -11,8 +11,15 @@ shipped ones, and where that changes what a case means the test prints it.
 The cells (``labkit/vm_guest/scenarios.py``, figures in docs/vm.md): a teardown
 held by throttled writeback (``io.max`` on the pod slice, a ``busybox dd`` in D
 state for ~8 s) on Path A (``crictl stop``) and Path B (init and shim SIGKILLed),
-then ``runc-guardctl audit`` / ``sweep`` / ``metrics``; and a real memcg OOM
-restarted like CrashLoopBackOff. Path B with a sibling container in the pod is
+the same Path B in front of runc 1.3.4 (handlers ``stock-134`` / ``runc-134``:
+cgroup.kill on v2, state kept on a failed destroy), then ``runc-guardctl audit``
+/ ``sweep`` / ``metrics``; a real memcg OOM restarted like CrashLoopBackOff; and
+last, the node upgraded in place to containerd 2.3.4 (its own default config,
+``SystemdCgroup = true``, ``runc-guardctl configure containerd``) and Path B
+under it, runc 1.3.4 stock vs runc-guard. The hybrid layout
+(``systemd.unified_cgroup_hierarchy=0``) needs a boot of its own and does not
+fit the module's CI budget: ``python -m bench.vm_cells --layout hybrid`` runs
+its cells (docs/vm.md). Path B with a sibling container in the pod is
 not in the module (two more minutes of TCG): the guest scenario ``teardown b+sibling``
 (labkit/vm_guest/scenarios.py), its figures in docs/vm.md.
 """

@@ -319,6 +319,19 @@ def init_and_shim(cid: str) -> tuple[int, int]:
         return init, int(f.read().rsplit(")", 1)[1].split()[1])
 
 
+def cleanup_over(cid: str) -> bool:
+    """containerd is done with a dead shim's container: the bundle is gone, or it logged the failure.
+
+    containerd 2.x removes the bundle either way; 1.6 keeps it when the shim's delete
+    failed and says ``failed to clean up after shim disconnected``.
+    """
+    if not os.path.exists(os.path.join(TASKS, cid)):
+        return True
+    pattern = f"failed to clean up after shim disconnected.*id={cid}"
+    out = sh("journalctl", "-u", "containerd", "--grep", pattern, "-o", "cat", "--no-pager", check=False)
+    return bool(out.stdout.strip())
+
+
 def kubelet_rm(cid: str, attempts: int = 30) -> int:
     """``crictl rm`` until it succeeds, 1 s apart, as kubelet retries; the attempts it took (0: never)."""
     for attempt in range(1, attempts + 1):
@@ -362,7 +375,7 @@ def teardown(handler: str, path: str, pid: str) -> dict[str, object]:
             result["rm_attempts"] = kubelet_rm(cid)
         else:
             # containerd's dead-shim cleanup has run its course (5 s budget per shim delete).
-            wait_for(lambda: not os.path.exists(os.path.join(TASKS, cid)), 10, 0.5)
+            wait_for(lambda: cleanup_over(cid), 10, 1.0)
         time.sleep(3)
         result["left"] = {name: left(c) for name, c in ids.items()}
         if path == "b":
