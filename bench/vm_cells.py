@@ -8,9 +8,12 @@ to ``--containerd`` 2.x if asked (``setup.py containerd2``), run the teardown
 cell (``scenarios.py teardown``) for the handler pair of ``--runc`` (``stock`` /
 ``runc`` in front of Debian's runc 1.1.5, ``stock-134`` / ``runc-134`` in front
 of runc 1.3.4) and then ``runc-guardctl audit`` / ``sweep`` / ``metrics``
-(``scenarios.py node-tools``). Prints a docs/vm.md row per handler: cgroup dirs
-(every hierarchy), scope unit, runc state, bundle, pending records, after
-kubelet's removal and after the sweep, and runc-guard's journal outcomes.
+(``scenarios.py node-tools``), then ``systemctl restart containerd`` (1.6 re-runs
+its dead-shim cleanup of the bundles it kept) and the tools again. Prints a
+docs/vm.md row per container (and the pod's sandbox) of each handler: cgroup
+dirs (every hierarchy), scope unit, runc state, bundle, pending records, after
+kubelet's removal, after the sweep and after the restart + sweep, and
+runc-guard's journal outcomes.
 Figures are TCG's (docs/vm.md).
 
 Run: ``python -m bench.vm_cells --layout hybrid [--containerd 1.6.20] [--runc 1.1.5] [--path b]``.
@@ -67,22 +70,32 @@ def main() -> None:
                 raise SystemExit(f"{handler}: {cell[handler]['error']}")
         ids = [c for h in pair for c in cell[h]["ids"].values()] + [cell[h]["sandbox"]["id"] for h in pair]
         tools: dict[str, Any] = node.guest("scenarios.py", "node-tools", "-", *ids, timeout=1800)
+        # containerd 1.6 keeps the bundle of a dead shim whose delete failed, and the sweep
+        # keeps any container that still has one; a restart re-runs containerd's own
+        # dead-shim cleanup of every bundle it kept. Then the tools once more.
+        node.run("systemctl", "restart", "containerd", timeout=300)
+        tasks = "/run/containerd/io.containerd.runtime.v2.task/k8s.io"
+        wait = f'for i in $(seq 60); do [ -z "$(ls {tasks})" ] && break; sleep 1; done'
+        node.run("sh", "-c", wait, timeout=120)
+        restarted: dict[str, Any] = node.guest("scenarios.py", "node-tools", "-", *ids, timeout=1800)
+        journal: dict[str, Any] = node.guest("scenarios.py", "journal", "-", *ids, timeout=600)
     rows = []
     for handler in pair:
         r = cell[handler]
         for label, cid in [*r["ids"].items(), ("sandbox", r["sandbox"]["id"])]:
             after = r["sandbox"]["after_removal"] if label == "sandbox" else r["after_removal"][label]
             entries = r["sandbox"]["deletes"] if label == "sandbox" else r["deletes"][label]
-            journal = [f"{d.get('outcome', d.get('event'))}/{d.get('exit_status', '-')}" for d in entries]
+            said = [f"{d.get('outcome', d.get('event'))}/{d.get('exit_status', '-')}" for d in entries]
+            final = [f"{d.get('outcome', d.get('event'))}/{d.get('exit_status', '-')}" for d in journal[cid]]
             rows.append([
                 handler, label, r["layout"], r["held_s"], summary(after), summary(tools["left"][cid]),
-                ", ".join(journal) or "-",
+                summary(restarted["left"][cid]), ", ".join(said) or "-", ", ".join(final) or "-",
             ])  # fmt: skip
     print_table(
         f"{args.layout}, systemd driver, containerd {args.containerd}, runc {args.runc}, "
         f"Path {args.path.upper()}, pid={args.pid} (TCG; cell {cell_s:.0f} s)",
         ["handler", "container", "layout", "held s", "left: dirs / unit / state / bundle / records",
-         "after sweep", "runc-guard journal"],
+         "after sweep", "after a containerd restart + sweep", "runc-guard journal", "journal after all"],
         rows,
     )  # fmt: skip
     for handler in pair:
@@ -90,10 +103,13 @@ def main() -> None:
         print(f"{handler}: io limit {cell[handler]['io_max']!r}; containerd: {said}")
     print(f"audit: rc {tools['audit_rc']} {tools['audit'][:2]}")
     print(f"sweep: rc {tools['sweep_rc']} {tools['sweep'][-2:]}")
-    print(f"metrics: {tools['metrics']}; {time.monotonic() - started:.0f} s in all")
+    print(f"metrics: {tools['metrics']}")
+    print(f"after the restart: audit rc {restarted['audit_rc']} {restarted['audit'][:1]}; "
+          f"sweep {restarted['sweep'][:1]}")
+    print(f"{time.monotonic() - started:.0f} s in all")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cell": cell, "tools": tools}, f, indent=1)
+            json.dump({"cell": cell, "tools": tools, "restarted": restarted, "journal": journal}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -545,6 +545,8 @@ def main() -> None:
         print(json.dumps(each(crash_loop, int(rest[0]), float(rest[1]), rest[2])))
     elif name == "node-tools":  # node-tools - ID...
         print(json.dumps(node_tools(rest)))
+    elif name == "journal":  # journal - ID...: runc-guard's journal entries per container
+        print(json.dumps({c: deletes(c) for c in rest}))
     else:
         raise SystemExit(f"unknown scenario {name}")
 
