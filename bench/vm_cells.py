@@ -39,20 +39,14 @@ def summary(left: dict[str, Any]) -> str:
     return f"{left['dirs']} / {left['unit']} / {state} / {bundle} / {left['records']}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layout", choices=(vm.UNIFIED, vm.HYBRID), default=vm.HYBRID)
-    parser.add_argument("--containerd", choices=("1.6.20", "2.2.2", "2.3.4"), default="1.6.20")
-    parser.add_argument("--runc", choices=tuple(PAIRS), default="1.1.5")
-    parser.add_argument("--path", choices=("a", "b", "b+sibling"), default="b")
-    parser.add_argument("--pid", choices=("container", "pod", "node"), default="container")
-    parser.add_argument("--json", help="also write the raw results here")
-    args = parser.parse_args()
-    reason = vm.missing()
-    if reason:
-        raise SystemExit(reason)
+def outcomes(entries: list[dict[str, Any]]) -> str:
+    said = [f"{d.get('outcome', d.get('event'))}/{d.get('exit_status', '-')}" for d in entries]
+    return ", ".join(said) or "-"
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Boot, configure, run the cell, the tools, a containerd restart and the tools again; power off."""
     pair = PAIRS[args.runc]
-    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rgvm-bench-") as tmp, vm.booted_vm(tmp, args.layout) as node:
         print(f"booted {args.layout} in {node.boot_s:.0f} s (TCG, {node.smp} vCPU)", flush=True)
         t = time.monotonic()
@@ -79,21 +73,25 @@ def main() -> None:
         node.run("sh", "-c", wait, timeout=120)
         restarted: dict[str, Any] = node.guest("scenarios.py", "node-tools", "-", *ids, timeout=1800)
         journal: dict[str, Any] = node.guest("scenarios.py", "journal", "-", *ids, timeout=600)
+    return {"cell": cell, "cell_s": cell_s, "tools": tools, "restarted": restarted, "journal": journal}
+
+
+def report(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    cell, tools, restarted = results["cell"], results["tools"], results["restarted"]
+    pair = PAIRS[args.runc]
     rows = []
     for handler in pair:
         r = cell[handler]
         for label, cid in [*r["ids"].items(), ("sandbox", r["sandbox"]["id"])]:
             after = r["sandbox"]["after_removal"] if label == "sandbox" else r["after_removal"][label]
             entries = r["sandbox"]["deletes"] if label == "sandbox" else r["deletes"][label]
-            said = [f"{d.get('outcome', d.get('event'))}/{d.get('exit_status', '-')}" for d in entries]
-            final = [f"{d.get('outcome', d.get('event'))}/{d.get('exit_status', '-')}" for d in journal[cid]]
             rows.append([
                 handler, label, r["layout"], r["held_s"], summary(after), summary(tools["left"][cid]),
-                summary(restarted["left"][cid]), ", ".join(said) or "-", ", ".join(final) or "-",
+                summary(restarted["left"][cid]), outcomes(entries), outcomes(results["journal"][cid]),
             ])  # fmt: skip
     print_table(
         f"{args.layout}, systemd driver, containerd {args.containerd}, runc {args.runc}, "
-        f"Path {args.path.upper()}, pid={args.pid} (TCG; cell {cell_s:.0f} s)",
+        f"Path {args.path.upper()}, pid={args.pid} (TCG; cell {results['cell_s']:.0f} s)",
         ["handler", "container", "layout", "held s", "left: dirs / unit / state / bundle / records",
          "after sweep", "after a containerd restart + sweep", "runc-guard journal", "journal after all"],
         rows,
@@ -106,10 +104,27 @@ def main() -> None:
     print(f"metrics: {tools['metrics']}")
     print(f"after the restart: audit rc {restarted['audit_rc']} {restarted['audit'][:1]}; "
           f"sweep {restarted['sweep'][:1]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layout", choices=(vm.UNIFIED, vm.HYBRID), default=vm.HYBRID)
+    parser.add_argument("--containerd", choices=("1.6.20", "2.2.2", "2.3.4"), default="1.6.20")
+    parser.add_argument("--runc", choices=tuple(PAIRS), default="1.1.5")
+    parser.add_argument("--path", choices=("a", "b", "b+sibling"), default="b")
+    parser.add_argument("--pid", choices=("container", "pod", "node"), default="container")
+    parser.add_argument("--json", help="also write the raw results here")
+    args = parser.parse_args()
+    reason = vm.missing()
+    if reason:
+        raise SystemExit(reason)
+    started = time.monotonic()
+    results = run(args)
+    report(args, results)
     print(f"{time.monotonic() - started:.0f} s in all")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cell": cell, "tools": tools, "restarted": restarted, "journal": journal}, f, indent=1)
+            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":
