@@ -20,8 +20,8 @@ under it, runc 1.3.4 stock vs runc-guard. The hybrid layout
 (``systemd.unified_cgroup_hierarchy=0``) needs a boot of its own and does not
 fit the module's CI budget: ``python -m bench.vm_cells --layout hybrid`` runs
 its cells (docs/vm.md). Path B with a sibling container in the pod is
-not in the module (two more minutes of TCG): the guest scenario ``teardown b+sibling``
-(labkit/vm_guest/scenarios.py), its figures in docs/vm.md.
+not in the module (two more minutes of TCG): ``python -m bench.vm_cells --layout
+unified --path b+sibling``, its figures in docs/vm.md.
 """
 
 from __future__ import annotations
