@@ -11,10 +11,17 @@ shipped ones, and where that changes what a case means the test prints it.
 The cells (``labkit/vm_guest/scenarios.py``, figures in docs/vm.md): a teardown
 held by throttled writeback (``io.max`` on the pod slice, a ``busybox dd`` in D
 state for ~8 s) on Path A (``crictl stop``) and Path B (init and shim SIGKILLed),
-then ``runc-guardctl audit`` / ``sweep`` / ``metrics``; and a real memcg OOM
-restarted like CrashLoopBackOff. Path B with a sibling container in the pod is
-not in the module (two more minutes of TCG): the guest scenario ``teardown b+sibling``
-(labkit/vm_guest/scenarios.py), its figures in docs/vm.md.
+the same Path B in front of runc 1.3.4 (handlers ``stock-134`` / ``runc-134``:
+cgroup.kill on v2, state kept on a failed destroy), then ``runc-guardctl audit``
+/ ``sweep`` / ``metrics``; a real memcg OOM restarted like CrashLoopBackOff; and
+last, the node upgraded in place to containerd 2.3.4 (its own default config,
+``SystemdCgroup = true``, ``runc-guardctl configure containerd``) and Path B
+under it, runc 1.3.4 stock vs runc-guard. The hybrid layout
+(``systemd.unified_cgroup_hierarchy=0``) needs a boot of its own and does not
+fit the module's CI budget: ``python -m bench.vm_cells --layout hybrid`` runs
+its cells (docs/vm.md). Path B with a sibling container in the pod is
+not in the module (two more minutes of TCG): ``python -m bench.vm_cells --layout
+unified --path b+sibling``, its figures in docs/vm.md.
 """
 
 from __future__ import annotations
@@ -29,6 +36,12 @@ from labkit import prereq, vm
 
 STOCK, GUARD = "stock", "runc"
 HANDLERS = f"{STOCK},{GUARD}"
+#: runc 1.3.4 (cgroup.kill on v2, keeps its state on a failed destroy): the same pair in front of it.
+STOCK_134, GUARD_134 = "stock-134", "runc-134"
+PAIR = (STOCK, GUARD)
+PAIR_134 = (STOCK_134, GUARD_134)
+#: containerd 2.x the module upgrades the node to at its end (labkit/vm_guest/setup.py containerd2).
+CONTAINERD_2 = "2.3.4"
 #: Restarts per handler in the module's crash loop (bench/vm_crashloop.py runs the long one).
 CRASH_RESTARTS = 2
 
@@ -48,9 +61,9 @@ def figure(record: Any, line: str) -> None:
 
 
 def cell(node: vm.VM, *args: str) -> dict[str, Any]:
-    """One scenario for both handlers; a handler's exception in the guest fails the test with its text."""
+    """One scenario for both handlers of ``args[1]``; a handler's exception in the guest fails the test."""
     result: dict[str, Any] = node.guest("scenarios.py", *args, timeout=1200)
-    for handler in (STOCK, GUARD):
+    for handler in args[1].split(","):
         assert "error" not in result.get(handler, {}), json.dumps(result)[-4000:]
     return result
 
@@ -63,8 +76,11 @@ def teardowns(node: vm.VM) -> dict[str, dict[str, Any]]:
         "path-a": cell(node, "teardown", HANDLERS, "a", "pod"),
         # kubelet's default, own PID namespace: init waits in do_exit for the writer.
         "path-b": cell(node, "teardown", HANDLERS, "b", "container"),
+        # The same dead-shim teardown in front of runc 1.3.4 (cgroup.kill, state kept on failure).
+        "path-b-134": cell(node, "teardown", ",".join(PAIR_134), "b", "container"),
     }
-    ids = [c for result in cells.values() for h in (STOCK, GUARD) for c in result[h]["ids"].values()]
+    ids = [c for result in cells.values() for h in result if isinstance(result[h], dict)
+           for c in result[h]["ids"].values()]  # fmt: skip
     cells["tools"] = node.guest("scenarios.py", "node-tools", "-", *ids, timeout=900)
     return cells
 
@@ -86,10 +102,10 @@ def test_node_is_pure_v2_with_systemd_and_the_package(node: vm.VM, record_proper
            f"{'cached' if node.disk.build_s is None else f'built in {node.disk.build_s:.0f} s'}")  # fmt: skip
 
 
-def row(name: str, result: dict[str, Any], key: str = "after_removal") -> str:
+def row(name: str, result: dict[str, Any], pair: tuple[str, str] = PAIR, key: str = "after_removal") -> str:
     """``handler: container dirs/unit/state/bundle/records, journal outcomes`` for one cell."""
     parts = []
-    for handler in (STOCK, GUARD):
+    for handler in pair:
         r = result[handler]
         for label, left in r[key].items():
             journal = [f"{d.get('outcome', d.get('event'))}/{d.get('exit_status', '-')}"
@@ -98,13 +114,56 @@ def row(name: str, result: dict[str, Any], key: str = "after_removal") -> str:
                 f"{handler} {label}: dirs {left['dirs']}, unit {left['unit']}, state {left['state']}, "
                 f"bundle {left['bundle']}, records {left['records']}, journal {journal or '-'}"
             )
-    return f"vm {name} (held {result[STOCK]['held_s']}/{result[GUARD]['held_s']} s): " + "; ".join(parts)
+    stock, guard = pair
+    return f"vm {name} (held {result[stock]['held_s']}/{result[guard]['held_s']} s): " + "; ".join(parts)
 
 
-def overloaded(result: dict[str, Any]) -> list[str]:
+def overloaded(result: dict[str, Any], guard: str = GUARD) -> list[str]:
     """runc-guard's startup_overloaded entries: TCG spent containerd's budget before runc-guard ran."""
-    return [label for label, entries in result[GUARD]["deletes"].items()
+    return [label for label, entries in result[guard]["deletes"].items()
             if any(e.get("event") == "startup_overloaded" for e in entries)]  # fmt: skip
+
+
+def check_path_b(result: dict[str, Any], pair: tuple[str, str], name: str, record: Any) -> None:
+    """A Path B cell (init + shim SIGKILLed, ~7-8 s hold): stock keeps runc's state; runc-guard's outcome.
+
+    runc's ``delete --force`` waits for the namespace's init, which waits in do_exit
+    for the writer: containerd SIGKILLs the shim's delete at 5 s, and runc's state
+    stays (the control). systemd's scope is gone for both once the writer exits
+    (the systemd driver removes an empty transient scope's cgroup itself).
+    """
+    stock_h, guard_h = pair
+    figure(record, row(name, result, pair))
+    stock, guard = result[stock_h]["after_removal"]["work"], result[guard_h]["after_removal"]["work"]
+    assert stock["state"] is True, result[stock_h]
+    assert (stock["dirs"], stock["unit"]) == (0, "gone"), result[stock_h]
+    assert (guard["dirs"], guard["unit"]) == (0, "gone"), result[guard_h]
+    # runc-guard's pending record stays until the sweep (test_node_tools_* checks it is cleared).
+    assert guard["records"] <= 1, result[guard_h]
+    for handler in pair:
+        sandbox = result[handler]["sandbox"]
+        journal = [f"{d.get('outcome', d.get('event'))}/{d.get('exit_status', '-')}"
+                   for d in sandbox["deletes"]]  # fmt: skip
+        figure(record, f"vm {name} {handler} sandbox (pause, same dead shim): {sandbox['after_removal']}, "
+               f"journal {journal or '-'}")  # fmt: skip
+    if result[guard_h]["sandbox"]["after_removal"]["unit"] != "gone":
+        figure(record, f"vm {name}: TCG: runc-guard's deadline stopped the runtime's delete --force of the "
+               "live pause before it killed it; the pause outlives its pod (docs/vm.md)")  # fmt: skip
+    said = result[guard_h]["containerd"]["work"]
+    entries = result[guard_h]["deletes"]["work"]
+    if not entries:
+        figure(record, f"vm {name}: TCG: containerd killed the shim's delete before runc-guard's "
+               f"report reached the journal (no entry); containerd said {said[:2]}")  # fmt: skip
+    elif overloaded(result, guard_h):
+        figure(record, f"vm {name}: TCG: runc-guard started after most of containerd's 5 s budget was "
+               "spent (startup_overloaded) and stepped aside: this cell measures the emulator")  # fmt: skip
+    else:
+        outcomes = {e.get("outcome") for e in entries}
+        assert outcomes & {"deadline", "removed", "record_finished", "already_gone"}, entries
+        for e in entries:
+            # A deadline is runc-guard's own exit 75 (EX_TEMPFAIL), never a silent 0.
+            if e.get("outcome") == "deadline":
+                assert e.get("exit_status") == "75", entries
 
 
 def test_path_a_throttled_teardown(teardowns: dict[str, dict[str, Any]], record_property: Any) -> None:
@@ -123,30 +182,13 @@ def test_path_a_throttled_teardown(teardowns: dict[str, dict[str, Any]], record_
 
 
 def test_path_b_dead_shim_throttled_teardown(teardowns: dict[str, Any], record_property: Any) -> None:
-    """Path B, own PID ns, ~8 s teardown > containerd's 5 s: stock keeps runc's state, runc-guard reports.
+    """Path B, own PID ns, ~8 s teardown > containerd's 5 s: stock keeps runc's state, runc-guard reports."""
+    check_path_b(teardowns["path-b"], PAIR, "path-b pid=container", record_property)
 
-    runc 1.1.5's ``delete --force`` polls for the namespace's init, which waits in
-    do_exit for the writer: containerd SIGKILLs the shim's delete at 5 s, and runc's
-    state stays (the control). systemd's scope is gone for both once the writer
-    exits (the systemd driver removes an empty transient scope's cgroup itself).
-    """
-    result = teardowns["path-b"]
-    figure(record_property, row("path-b pid=container", result))
-    stock, guard = result[STOCK]["after_removal"]["work"], result[GUARD]["after_removal"]["work"]
-    assert stock["state"] is True, result[STOCK]
-    assert (guard["dirs"], guard["unit"]) == (0, "gone"), result[GUARD]
-    entries = result[GUARD]["deletes"]["work"]
-    if not entries:
-        said = result[GUARD]["containerd"]["work"][:2]
-        figure(record_property, "vm path-b: TCG: containerd killed the shim's delete before runc-guard "
-               f"started (no journal entry); containerd said {said}")  # fmt: skip
-    elif overloaded(result):
-        figure(record_property, "vm path-b: TCG: runc-guard started after most of containerd's 5 s "
-               "budget was spent (startup_overloaded) and stepped aside: this cell measures "
-               "the emulator")  # fmt: skip
-    else:
-        outcomes = {e.get("outcome") for e in entries}
-        assert outcomes & {"deadline", "removed", "record_finished", "already_gone"}, entries
+
+def test_path_b_runc_134(teardowns: dict[str, Any], record_property: Any) -> None:
+    """The same Path B in front of runc 1.3.4, which kills through cgroup.kill on v2 and keeps its state."""
+    check_path_b(teardowns["path-b-134"], PAIR_134, "path-b runc-1.3.4 pid=container", record_property)
 
 
 def test_node_tools_on_the_unified_tree(teardowns: dict[str, dict[str, Any]], record_property: Any) -> None:
@@ -161,6 +203,7 @@ def test_node_tools_on_the_unified_tree(teardowns: dict[str, dict[str, Any]], re
     assert any(line.startswith("runc_guard_deletes_total") for line in tools["metrics"]), tools
     # The sibling cell's sibling may still run where TCG made runc-guard step aside (docs/vm.md).
     guard_ids = {teardowns[name][GUARD]["ids"]["work"] for name in ("path-a", "path-b")}
+    guard_ids.add(teardowns["path-b-134"][GUARD_134]["ids"]["work"])
     for cid in guard_ids:
         left = tools["left"][cid]
         assert (left["dirs"], left["records"]) == (0, 0), (cid, left)
@@ -191,3 +234,36 @@ def test_oom_crash_loop(node: vm.VM, record_property: Any) -> None:
     assert [(a["dirs"], a["state"], a["records"]) for a in after] == [(0, False, 0)] * len(after), after
     # journald is the system journal: every container runc-guard deleted has its entries there.
     assert guard["journal_silent"] == 0, guard
+
+
+@pytest.fixture(scope="module")
+def containerd2(node: vm.VM, teardowns: dict[str, Any]) -> dict[str, Any]:
+    """The node upgraded in place to containerd 2.x, then its Path B cell (runc 1.3.4, what 2.x ships).
+
+    Last in the module: stopping containerd 1.6.20 ends every 1.6 cell.
+    """
+    setup: dict[str, Any] = node.guest("setup.py", "containerd2", CONTAINERD_2, timeout=900)
+    result = cell(node, "teardown", ",".join(PAIR_134), "b", "container")
+    ids = [c for h in PAIR_134 for c in result[h]["ids"].values()]
+    tools: dict[str, Any] = node.guest("scenarios.py", "node-tools", "-", *ids, timeout=900)
+    return {"setup": setup, "path-b": result, "tools": tools}
+
+
+def test_containerd2_path_b(containerd2: dict[str, Any], record_property: Any) -> None:
+    """containerd 2.x configured by runc-guardctl from its own default config: Path B, stock vs runc-guard."""
+    setup = containerd2["setup"]
+    assert CONTAINERD_2 in setup["containerd_version"], setup
+    handlers = setup["handlers"]
+    assert handlers[STOCK_134] == {"binary": "/opt/rg/runtimes/runc-1.3.4", "systemd": True}, handlers
+    assert handlers[GUARD_134]["systemd"] is True, handlers
+    assert handlers[GUARD_134]["binary"].startswith("/usr/bin/runc-guard"), handlers
+    figure(record_property, f"vm containerd {CONTAINERD_2}: {setup['configure'][:3]}")
+    name = f"path-b containerd-{CONTAINERD_2} runc-1.3.4"
+    check_path_b(containerd2["path-b"], PAIR_134, name, record_property)
+    tools = containerd2["tools"]
+    figure(record_property, f"vm containerd {CONTAINERD_2} sweep: rc {tools['sweep_rc']}: "
+           f"{tools['sweep'][:1]}; metrics {tools['metrics']}")  # fmt: skip
+    assert tools["sweep_rc"] == 0, tools
+    cid = containerd2["path-b"][GUARD_134]["ids"]["work"]
+    left = tools["left"][cid]
+    assert (left["dirs"], left["records"]) == (0, 0), (cid, left)

@@ -18,6 +18,16 @@ only then, a time set by bytes / rate, not by scheduling luck.
 
 The writer runs as ``busybox dd``: its comm is ``busybox``, not ``dd`` (comm is
 the name exec'd), which is why an earlier version never saw "dd" in D state.
+
+On the hybrid layout (``systemd.unified_cgroup_hierarchy=0``, the incident's) the
+same hold needs two changes, both the v1 block controller's: cgroup writeback
+exists only on v2 (on v1 the flusher writes every dirty page as the root
+cgroup's, unthrottled), and v1 blk-throttle is flat (a limit on the pod slice
+does not apply to the scope below it). So the writer there uses direct I/O
+(``oflag=direct``: the task itself waits, in D, for its bios, which the
+throttle holds) and the limit goes on the scope's own ``blkio`` cgroup
+(``blkio.throttle.write_bps_device``) before the writer starts: the container
+waits for a ``go`` file on its volume, written after the limit.
 """
 
 from __future__ import annotations
@@ -34,6 +44,10 @@ from typing import Any
 CRICTL = "/opt/rg/runtimes/crictl"
 BUSYBOX_IMAGE = "docker.io/runc-guard-test/busybox:1"
 CGROUP = "/sys/fs/cgroup"
+UNIFIED, HYBRID = "unified", "hybrid"
+#: cgroup2 at /sys/fs/cgroup (its root has cgroup.controllers): unified; a tmpfs of v1
+#: hierarchies plus ``unified`` (cgroup2 without controllers): hybrid.
+LAYOUT = UNIFIED if os.path.exists(os.path.join(CGROUP, "cgroup.controllers")) else HYBRID
 RUNC_ROOT = "/run/containerd/runc/k8s.io"
 TASKS = "/run/containerd/io.containerd.runtime.v2.task/k8s.io"
 PENDING = "/run/runc-guard/pending"
@@ -90,10 +104,18 @@ class Pod:
                       "security_context": {"namespace_options": {"network": NODE, "pid": self.pid}}},
         })  # fmt: skip
         self.id = crictl("runp", "--runtime", handler, self.config).stdout.strip()
+        #: container id -> its hostPath volume on the data disk (host side)
+        self.volumes: dict[str, str] = {}
 
     @property
     def slice_dir(self) -> str:
-        return os.path.join(CGROUP, "kubepods.slice", "kubepods-burstable.slice", self.slice)
+        """The pod slice's directory on the unified tree, or in the v1 ``systemd`` hierarchy (hybrid)."""
+        return self.slice_in("systemd")
+
+    def slice_in(self, controller: str) -> str:
+        """The pod slice's directory in ``controller``'s hierarchy (the one tree when unified)."""
+        top = CGROUP if LAYOUT == UNIFIED else os.path.join(CGROUP, controller)
+        return os.path.join(top, "kubepods.slice", "kubepods-burstable.slice", self.slice)
 
     def create(
         self, command: list[str], name: str = "work", attempt: int = 0, memory: int = 0, data: bool = False
@@ -115,6 +137,8 @@ class Pod:
                       "security_context": {"namespace_options": {"network": NODE, "pid": self.pid}}},
         })  # fmt: skip
         cid = crictl("create", self.id, config, self.config).stdout.strip()
+        if data:
+            self.volumes[cid] = host
         crictl("start", cid)
         return cid
 
@@ -250,15 +274,32 @@ def writer_in_d(procs: str) -> int:
     return 0
 
 
-def start_held(pod: Pod) -> tuple[str, int]:
-    """A container whose ``busybox dd`` child sleeps in throttled writeback: its id and the writer's pid."""
-    sh("systemctl", "set-property", "--runtime", pod.slice, f"IOWriteBandwidthMax={DEVICE} {RATE}")
-    script = (
-        "sleep 1000 & sleep 1000 & "
-        f"busybox dd if=/dev/zero of=/data/slow bs={SLOW_BYTES} count=1 conv=fsync 2>/data/dd.err & wait"
-    )
+def start_held(pod: Pod) -> tuple[str, int, str]:
+    """A container whose ``busybox dd`` child sleeps in throttled I/O: its id, the writer's pid, the limit.
+
+    Unified: the pod slice's ``io.max`` and a buffered write + fsync (cgroup
+    writeback). Hybrid: the scope's own ``blkio.throttle.write_bps_device`` and a
+    direct write (v1 has no cgroup writeback and its blk-throttle is flat).
+    """
+    if LAYOUT == UNIFIED:
+        sh("systemctl", "set-property", "--runtime", pod.slice, f"IOWriteBandwidthMax={DEVICE} {RATE}")
+        write = f"busybox dd if=/dev/zero of=/data/slow bs={SLOW_BYTES} count=1 conv=fsync 2>/data/dd.err"
+    else:
+        write = ("while [ ! -e /data/go ]; do sleep 0.2; done; "
+                 f"busybox dd if=/dev/zero of=/data/slow bs={SLOW_BYTES} count=1 oflag=direct 2>/data/dd.err")
+    script = f"sleep 1000 & sleep 1000 & {write} & wait"
     cid = pod.create(["/bin/sh", "-c", script], data=True)
     procs = os.path.join(pod.slice_dir, scope(cid), "cgroup.procs")
+    if LAYOUT == UNIFIED:
+        limit = read(os.path.join(pod.slice_dir, "io.max"))
+    else:
+        rdev = os.stat(DEVICE).st_rdev
+        throttle = os.path.join(pod.slice_in("blkio"), scope(cid), "blkio.throttle.write_bps_device")
+        with open(throttle, "w") as f:
+            f.write(f"{os.major(rdev)}:{os.minor(rdev)} {RATE}")
+        limit = read(throttle)
+        with open(os.path.join(pod.volumes[cid], "go"), "w"):
+            pass
     writer = 0
 
     def seen() -> bool:
@@ -269,13 +310,26 @@ def start_held(pod: Pod) -> tuple[str, int]:
     if not wait_for(seen, 90, 0.1):
         found = [(p, argv_of(int(p)), proc_state(int(p))) for p in read(procs).split() if p.isdigit()]
         raise RuntimeError(f"busybox dd never slept in D state: {found}")
-    return cid, writer
+    return cid, writer, limit
 
 
 def init_and_shim(cid: str) -> tuple[int, int]:
     init = int(json.loads(crictl("inspect", cid).stdout)["info"]["pid"])
     with open(f"/proc/{init}/stat") as f:
         return init, int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def cleanup_over(cid: str) -> bool:
+    """containerd is done with a dead shim's container: the bundle is gone, or it logged the failure.
+
+    containerd 2.x removes the bundle either way; 1.6 keeps it when the shim's delete
+    failed and says ``failed to clean up after shim disconnected``.
+    """
+    if not os.path.exists(os.path.join(TASKS, cid)):
+        return True
+    pattern = f"failed to clean up after shim disconnected.*id={cid}"
+    out = sh("journalctl", "-u", "containerd", "--grep", pattern, "-o", "cat", "--no-pager", check=False)
+    return bool(out.stdout.strip())
 
 
 def kubelet_rm(cid: str, attempts: int = 30) -> int:
@@ -300,10 +354,11 @@ def teardown(handler: str, path: str, pid: str) -> dict[str, object]:
     try:
         if with_sibling:  # first: creating a container takes seconds under TCG, the hold 8
             ids["sibling"] = pod.create(["/bin/sh", "-c", "sleep 1000 & sleep 1000 & wait"], name="sibling")
-        cid, slow = start_held(pod)
+        cid, slow, limit = start_held(pod)
         ids["work"] = cid
         result["ids"] = ids
-        result["io_max"] = read(os.path.join(pod.slice_dir, "io.max"))
+        result["layout"] = LAYOUT
+        result["io_max"] = limit
         init, shim = init_and_shim(cid)
         killed = time.monotonic()
         if path == "a":
@@ -320,7 +375,7 @@ def teardown(handler: str, path: str, pid: str) -> dict[str, object]:
             result["rm_attempts"] = kubelet_rm(cid)
         else:
             # containerd's dead-shim cleanup has run its course (5 s budget per shim delete).
-            wait_for(lambda: not os.path.exists(os.path.join(TASKS, cid)), 10, 0.5)
+            wait_for(lambda: cleanup_over(cid), 10, 1.0)
         time.sleep(3)
         result["left"] = {name: left(c) for name, c in ids.items()}
         if path == "b":
@@ -330,6 +385,9 @@ def teardown(handler: str, path: str, pid: str) -> dict[str, object]:
         result["after_removal"] = {name: left(c) for name, c in ids.items()}
         result["deletes"] = {name: deletes(c) for name, c in ids.items()}
         result["containerd"] = {name: containerd_says(c) for name, c in ids.items()}
+        # The pod's sandbox (pause) shares the killed shim: its own dead-shim delete ran too,
+        # of a live init. Measured after the pod's removal, like the containers.
+        result["sandbox"] = {"id": pod.id, "after_removal": left(pod.id), "deletes": deletes(pod.id)}
     finally:
         pod.remove()
     return result
@@ -487,6 +545,8 @@ def main() -> None:
         print(json.dumps(each(crash_loop, int(rest[0]), float(rest[1]), rest[2])))
     elif name == "node-tools":  # node-tools - ID...
         print(json.dumps(node_tools(rest)))
+    elif name == "journal":  # journal - ID...: runc-guard's journal entries per container
+        print(json.dumps({c: deletes(c) for c in rest}))
     else:
         raise SystemExit(f"unknown scenario {name}")
 

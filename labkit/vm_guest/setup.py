@@ -8,6 +8,17 @@ configure containerd --runtime runc --runtime runc-134 --restart``: ``runc`` the
 runs runc-guard in front of runc 1.1.5, ``runc-134`` runs runc-guard's
 ``runc-guard-runc-134`` link in front of runc 1.3.4. Images come from the share.
 Prints one JSON line.
+
+``setup.py containerd2 VERSION`` then upgrades the node in place to containerd
+2.x (``/opt/rg/runtimes/containerd-2.3.4/`` or the 2.2.2 at the runtimes' top):
+stop the 1.6.20 service, write 2.x's own ``containerd config default`` (config
+``version = 3``) with ``SystemdCgroup = true`` and the same control handlers to
+``/etc/containerd/config-2.toml``, point ``containerd.service`` at the 2.x
+binary with a drop-in (its directory first on PATH: containerd starts the
+``containerd-shim-runc-v2`` it finds there), then ``runc-guardctl configure
+containerd --config /etc/containerd/config-2.toml ... --restart``, and import
+the images with 2.x's ``ctr``. Root and state stay containerd's defaults
+(``/var/lib/containerd``, ``/run/containerd``), as on an upgraded node.
 """
 
 from __future__ import annotations
@@ -15,14 +26,24 @@ from __future__ import annotations
 import copy
 import glob
 import json
+import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import tomlkit
 
 CONFIG = "/etc/containerd/config.toml"
+CONFIG_2 = "/etc/containerd/config-2.toml"
 CRI = "io.containerd.grpc.v1.cri"
+#: containerd 2.x (config version 3): the CRI runtime plugin and the images plugin.
+CRI_RUNTIME_2 = "io.containerd.cri.v1.runtime"
+CRI_IMAGES_2 = "io.containerd.cri.v1.images"
+RUNTIMES = "/opt/rg/runtimes"
+#: containerd 2.x builds in the runtimes directory: version -> the directory of its binaries.
+CONTAINERD_2 = {"2.2.2": RUNTIMES, "2.3.4": f"{RUNTIMES}/containerd-2.3.4"}
+DROP_IN = "/etc/systemd/system/containerd.service.d/rg-containerd-2.conf"
 PAUSE_IMAGE = "docker.io/runc-guard-test/pause:1"
 RUNC_134 = "/opt/rg/runtimes/runc-1.3.4"
 SHARE = "/opt/rg/share"
@@ -42,12 +63,9 @@ def sh(*argv: str, check: bool = True, timeout: float = 120) -> subprocess.Compl
     return proc
 
 
-def write_config(with_134: bool) -> None:
-    doc = tomlkit.parse(sh("containerd", "config", "default").stdout)
-    cri = doc["plugins"][CRI]
-    cri["sandbox_image"] = PAUSE_IMAGE
-    handlers = cri["containerd"]["runtimes"]
-    handlers["runc"]["options"]["SystemdCgroup"] = True  # kubeadm's systemd cgroup driver
+def add_handlers(handlers: Any, with_134: bool) -> None:
+    """``SystemdCgroup = true`` on ``runc`` (kubeadm's driver), then the control handlers copied from it."""
+    handlers["runc"]["options"]["SystemdCgroup"] = True
     controls = {"stock": "/usr/sbin/runc"}
     if with_134:
         controls.update({"stock-134": RUNC_134, "runc-134": RUNC_134})
@@ -55,6 +73,13 @@ def write_config(with_134: bool) -> None:
         handler = copy.deepcopy(handlers["runc"])
         handler["options"]["BinaryName"] = binary
         handlers[name] = handler
+
+
+def write_config(with_134: bool) -> None:
+    doc = tomlkit.parse(sh("containerd", "config", "default").stdout)
+    cri = doc["plugins"][CRI]
+    cri["sandbox_image"] = PAUSE_IMAGE
+    add_handlers(cri["containerd"]["runtimes"], with_134)
     with open(CONFIG, "w") as f:
         f.write(tomlkit.dumps(doc))
     with open("/etc/crictl.yaml", "w") as f:
@@ -71,18 +96,7 @@ def wait_crictl(timeout: float = 60) -> None:
     raise SystemExit("containerd's CRI did not answer after the restart")
 
 
-def main() -> None:
-    import os
-
-    with_134 = os.access(RUNC_134, os.X_OK)
-    os.makedirs(DATA_MOUNT, exist_ok=True)
-    sh("mount", "-t", "ext4", DATA_DEVICE, DATA_MOUNT)
-    write_config(with_134)
-    guarded = ["--runtime", "runc"] + (["--runtime", "runc-134"] if with_134 else [])
-    configured = sh("runc-guardctl", "configure", "containerd", *guarded, "--restart")
-    wait_crictl()
-    for tar in sorted(glob.glob(f"{SHARE}/images/*.tar")):
-        sh("ctr", "-n", "k8s.io", "images", "import", tar, timeout=300)
+def report(configured: subprocess.CompletedProcess[str], **extra: object) -> None:
     info = json.loads(sh(CRICTL, "info").stdout)
     runtimes = info.get("config", {}).get("containerd", {}).get("runtimes", {})
     with open("/etc/runc-guard/config.toml") as f:
@@ -93,7 +107,62 @@ def main() -> None:
                          "systemd": r.get("options", {}).get("SystemdCgroup")} for n, r in runtimes.items()},
         "images": sh(CRICTL, "images", "-q").stdout.split(),
         "runc_guard_config": settings.rsplit("[runtimes]", 1)[-1].strip(),
+        **extra,
     }))
+
+
+def import_images(ctr: str) -> None:
+    for tar in sorted(glob.glob(f"{SHARE}/images/*.tar")):
+        sh(ctr, "-n", "k8s.io", "images", "import", tar, timeout=300)
+
+
+def setup_16() -> None:
+    with_134 = os.access(RUNC_134, os.X_OK)
+    os.makedirs(DATA_MOUNT, exist_ok=True)
+    sh("mount", "-t", "ext4", DATA_DEVICE, DATA_MOUNT)
+    write_config(with_134)
+    guarded = ["--runtime", "runc"] + (["--runtime", "runc-134"] if with_134 else [])
+    configured = sh("runc-guardctl", "configure", "containerd", *guarded, "--restart")
+    wait_crictl()
+    import_images("ctr")
+    report(configured)
+
+
+def setup_2(version: str) -> None:
+    """Upgrade the running node to containerd ``version`` (2.x) in place; see the module's docstring."""
+    bindir = CONTAINERD_2[version]
+    containerd = f"{bindir}/containerd"
+    sh("systemctl", "stop", "containerd", timeout=180)
+    doc = tomlkit.parse(sh(containerd, "config", "default").stdout)
+    plugins = doc["plugins"]
+    plugins[CRI_IMAGES_2]["pinned_images"]["sandbox"] = PAUSE_IMAGE
+    add_handlers(plugins[CRI_RUNTIME_2]["containerd"]["runtimes"], os.access(RUNC_134, os.X_OK))
+    with open(CONFIG_2, "w") as f:
+        f.write(tomlkit.dumps(doc))
+    os.makedirs(os.path.dirname(DROP_IN), exist_ok=True)
+    with open(DROP_IN, "w") as f:
+        f.write("[Service]\n"
+                f"Environment=PATH={bindir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+                "ExecStart=\n"
+                f"ExecStart={containerd} --config {CONFIG_2}\n")
+    sh("systemctl", "daemon-reload")
+    configured = sh("runc-guardctl", "configure", "containerd", "--config", CONFIG_2,
+                    "--runtime", "runc", "--runtime", "runc-134", "--restart", timeout=300)
+    wait_crictl()
+    # containerd 2.x reads 1.6's metadata (same root): the images are normally still
+    # there; import them again only when its CRI does not list both.
+    if len(sh(CRICTL, "images", "-q").stdout.split()) < len(glob.glob(f"{SHARE}/images/*.tar")):
+        import_images(f"{bindir}/ctr")
+    version_out = sh(CRICTL, "version").stdout
+    report(configured, crictl_version=version_out.strip().splitlines(),
+           containerd_version=sh(containerd, "--version").stdout.strip())
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["containerd2"]:
+        setup_2(sys.argv[2])
+    else:
+        setup_16()
 
 
 if __name__ == "__main__":
