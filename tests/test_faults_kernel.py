@@ -440,10 +440,13 @@ def _zombie(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("helped", [True, False])
-def test_the_runtime_gets_a_grace_to_finish_after_the_deadline_kill(workdir: str, helped: bool) -> None:
+@pytest.mark.parametrize("helped", [True, False, None])
+def test_the_runtime_gets_a_grace_to_finish_after_the_deadline_kill(
+    workdir: str, helped: bool | None
+) -> None:
     """run_runtime_child: when ``at_deadline`` did the runtime's remaining work (True), a runtime
-    that then ends by itself within FINISH_GRACE keeps its own status; otherwise it is stopped."""
+    that then ends by itself within FINISH_GRACE keeps its own status; otherwise (False, or the
+    hook raised: None) it is stopped, and reaped."""
     from runc_guard.delete.runtime_child import run_runtime_child
 
     done = os.path.join(workdir, "init-killed")
@@ -451,6 +454,8 @@ def test_the_runtime_gets_a_grace_to_finish_after_the_deadline_kill(workdir: str
                      f"trap 'exit 143' TERM\nwhile [ ! -e {done} ]; do sleep 0.02; done\nexit 0")
 
     def at_deadline() -> bool:
+        if helped is None:
+            raise PermissionError(1, "a kill the kernel refused")
         if helped:
             open(done, "w").close()
         return helped

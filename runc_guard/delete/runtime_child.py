@@ -134,6 +134,14 @@ def _poll_until(child_pid: int, timeout: float) -> bool:
     return True
 
 
+def _helped(at_deadline: Callable[[], bool]) -> bool:
+    """``at_deadline()``; an error in it is no help, and never keeps the runtime from being stopped."""
+    try:
+        return at_deadline()
+    except Exception:  # noqa: BLE001 - the runtime must still be stopped and reaped below
+        return False
+
+
 def run_runtime_child(
     path: str,
     args: Sequence[str],
@@ -185,7 +193,7 @@ def run_runtime_child(
             send(signum)
         if deadline is not None and not _wait_until(child, deadline - now()):
             timed_out = True
-            if at_deadline is not None and at_deadline() and _wait_until(child, FINISH_GRACE):
+            if at_deadline is not None and _helped(at_deadline) and _wait_until(child, FINISH_GRACE):
                 timed_out = False
         if timed_out:
             send(_signal.SIGTERM)
