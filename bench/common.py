@@ -7,6 +7,7 @@ reports medians and ratios measured side by side, never one absolute time.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import statistics
@@ -337,3 +338,16 @@ def phase_stats(samples: Sequence[float]) -> tuple[int, float, float, float]:
     if not samples:
         return 0, float("nan"), float("nan"), float("nan")
     return len(samples), percentile_ms(samples, 50), percentile_ms(samples, 99), max(samples) * 1000
+
+
+def vm_bench_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The VM benches' shared options (--pid, --json), parsed; exits naming why the VM lab cannot run."""
+    from labkit import vm
+
+    parser.add_argument("--pid", choices=("container", "pod", "node"), default="container")
+    parser.add_argument("--json", help="also write the raw results here")
+    args = parser.parse_args()
+    reason = vm.missing()
+    if reason:
+        raise SystemExit(reason)
+    return args

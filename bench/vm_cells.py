@@ -27,7 +27,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench.common import print_table
+from bench.common import print_table, vm_bench_args
 from labkit import vm
 
 PAIRS = {"1.1.5": ("stock", "runc"), "1.3.4": ("stock-134", "runc-134")}
@@ -112,12 +112,7 @@ def main() -> None:
     parser.add_argument("--containerd", choices=("1.6.20", "2.2.2", "2.3.4"), default="1.6.20")
     parser.add_argument("--runc", choices=tuple(PAIRS), default="1.1.5")
     parser.add_argument("--path", choices=("a", "b", "b+sibling"), default="b")
-    parser.add_argument("--pid", choices=("container", "pod", "node"), default="container")
-    parser.add_argument("--json", help="also write the raw results here")
-    args = parser.parse_args()
-    reason = vm.missing()
-    if reason:
-        raise SystemExit(reason)
+    args = vm_bench_args(parser)
     started = time.monotonic()
     results = run(args)
     report(args, results)

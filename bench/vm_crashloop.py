@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench.common import print_table
+from bench.common import print_table, vm_bench_args
 from labkit import vm
 
 
@@ -31,12 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--restarts", type=int, default=300, help="per handler, at most")
     parser.add_argument("--minutes", type=float, default=25.0, help="stop starting attempts after this")
-    parser.add_argument("--pid", choices=("container", "pod", "node"), default="container")
-    parser.add_argument("--json", help="also write the raw results here")
-    args = parser.parse_args()
-    reason = vm.missing()
-    if reason:
-        raise SystemExit(reason)
+    args = vm_bench_args(parser)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rgvm-bench-") as tmp, vm.booted_vm(tmp) as node:
         print(f"booted in {node.boot_s:.0f} s (TCG, {node.smp} vCPU)", flush=True)
