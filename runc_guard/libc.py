@@ -60,19 +60,14 @@ class _Libc:
         return _Function((name, self))  # type: ignore[arg-type]  # duck-typed: reads ._handle
 
 
-_libc: _Libc | None = None
+_functions: dict[str, _Function] = {}
 
 
 def _function(name: str) -> _Function:
-    global _libc
-    if _libc is None:
-        _libc = _Libc()
-    return _libc.function(name)
-
-
-def _raise_errno(path: str | None = None) -> None:
-    err = _ctypes.get_errno()
-    raise OSError(err, os.strerror(err), path)
+    """libc's ``name``, looked up once per process (statfs runs for every path a delete checks)."""
+    if name not in _functions:
+        _functions[name] = _Libc().function(name)
+    return _functions[name]
 
 
 def statfs_type(path: str) -> int:
@@ -82,7 +77,8 @@ def statfs_type(path: str) -> int:
     """
     buf = _StatfsBuffer()
     if _function("statfs")(os.fsencode(path), buf) != 0:
-        _raise_errno(path)
+        err = _ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
     size = _ctypes.sizeof(_Long)
     return int.from_bytes(bytes(memoryview(buf)[:size]), sys.byteorder) & 0xFFFFFFFF
 

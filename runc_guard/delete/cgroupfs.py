@@ -14,6 +14,8 @@ import os
 import select
 import time
 
+from runc_guard.libc import statfs_type
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -48,17 +50,11 @@ class CgroupFsOps(Protocol):
     def stop_load_balance(self, path: str) -> None: ...
 
 
-def _statfs_type(path: str) -> int:
-    from runc_guard.libc import statfs_type
-
-    return statfs_type(path)
-
-
 class RealCgroupFs:
     """The real kernel. Every method is one or two syscalls and documents its errors."""
 
     def fs_magic(self, path: str) -> int:
-        return _statfs_type(path)
+        return statfs_type(path)
 
     def is_symlink(self, path: str) -> bool:
         return os.path.islink(path)
