@@ -170,6 +170,15 @@ def guard_is_waiting(pid: int) -> bool:
         return False
 
 
+def exited(pid: int) -> bool:
+    """``pid`` has exited: gone from /proc, or a zombie its parent has not reaped yet."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:  # type: ignore[no-untyped-def]
     end = time.monotonic() + timeout
     while time.monotonic() < end:

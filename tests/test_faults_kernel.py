@@ -21,6 +21,7 @@ from labkit.kernel import (
     RuncContainer,
     container_with_hold,
     crafted_container,
+    exited,
     guard_is_waiting,
     procs,
     reported_events,
@@ -422,22 +423,13 @@ def test_a_runtime_stopped_at_the_deadline_leaves_no_running_container(
         assert len(os.listdir(os.path.join(workdir, "pending"))) == 1
         (entry,) = [e for e in reported_events(workdir) if e.get("event") == "delete"]
         if force:
-            assert wait_for(lambda: not os.path.exists(f"/proc/{init}") or _zombie(init), 5), \
-                "the container's init outlived a delete --force"
+            assert wait_for(lambda: exited(init), 5), "the container's init outlived a delete --force"
             assert entry["init_killed_at_deadline"] == init
         else:
-            assert os.path.exists(f"/proc/{init}") and not _zombie(init), "a plain delete killed the init"
+            assert not exited(init), "a plain delete killed the init"
             assert "init_killed_at_deadline" not in entry
     finally:
         ctr.destroy()
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("helped", [True, False, None])

@@ -31,6 +31,7 @@ from labkit.kernel import (
     FreezerHold,
     cgroup_mount_points,
     dirs_named,
+    exited,
     make_bundle,
     procs,
     remove_tree,
@@ -239,7 +240,7 @@ def test_sweep_redrives_state_whose_host_pid_children_live_on(tmp_path: Path) ->
         assert report["removed"] == 1
         assert orphan.dirs() == [] and not os.path.exists(orphan.state_dir())
         assert wait_for(
-            lambda: not any(os.path.exists(f"/proc/{p}/stat") and not zombie(p) for p in children), 5
+            lambda: all(exited(p) for p in children), 5
         )
         print(
             f"\nCRI-like orphan: {dirs_before} dirs + state + {len(children)} live children; "
@@ -248,11 +249,3 @@ def test_sweep_redrives_state_whose_host_pid_children_live_on(tmp_path: Path) ->
         )
     finally:
         orphan.destroy()
-
-
-def zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
