@@ -147,8 +147,9 @@ def check_path_b(result: dict[str, Any], pair: tuple[str, str], name: str, recor
         figure(record, f"vm {name} {handler} sandbox (pause, same dead shim): {sandbox['after_removal']}, "
                f"journal {journal or '-'}")  # fmt: skip
     if result[guard_h]["sandbox"]["after_removal"]["unit"] != "gone":
-        figure(record, f"vm {name}: TCG: runc-guard's deadline stopped the runtime's delete --force of the "
-               "live pause before it killed it; the pause outlives its pod (docs/vm.md)")  # fmt: skip
+        figure(record, f"vm {name}: TCG: the pause outlives its pod: runc-guard stepped aside late at "
+               "start-up (the runtime alone was killed at 5 s), or its deadline's kill of the live "
+               "init did not reach it (docs/vm.md)")  # fmt: skip
     said = result[guard_h]["containerd"]["work"]
     entries = result[guard_h]["deletes"]["work"]
     if not entries:
