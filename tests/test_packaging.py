@@ -14,7 +14,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,7 +23,7 @@ import tomlkit
 import yaml
 
 import runc_guard
-from labkit import prereq
+from labkit import prereq, stall
 from runc_guard.settings import Settings, load_settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -491,27 +490,6 @@ def test_installer_migrates_a_file_by_file_install(fake_host: dict[str, str]) ->
     assert sorted(os.listdir(prefix)) == ["bin", "current", "versions"]
 
 
-def _stalled_in_a_syscall(strace_pid: int, timeout: float = 20.0) -> bool:
-    """True once strace's tracee sits in one syscall entry for 150 ms (the injected delay)."""
-    end = time.monotonic() + timeout
-    tracee, last, since = 0, "", time.monotonic()
-    while time.monotonic() < end:
-        try:
-            if not tracee:
-                with open(f"/proc/{strace_pid}/task/{strace_pid}/children") as f:
-                    tracee = int(f.read().split()[0])
-            with open(f"/proc/{tracee}/syscall") as f:
-                now = f.read().strip()
-        except (OSError, IndexError, ValueError):
-            tracee, now = 0, ""
-        if now != last or now in ("running", "") or now.startswith("-1"):
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= 0.15:
-            return True
-        time.sleep(0.01)
-    return False
-
-
 def test_pyz_shim_mid_upgrade_keeps_its_own_version(
     pyz: str, fake_host: dict[str, str], tmp_path: Any
 ) -> None:
@@ -549,7 +527,8 @@ def test_pyz_shim_mid_upgrade_keeps_its_own_version(
         env=shim_env, stderr=subprocess.PIPE, text=True,
     )
     try:
-        assert _stalled_in_a_syscall(shim.pid), "the shim never reached the stalled stat"
+        tracee = stall.tracee(shim.pid, os.path.join(host, "opt/runc-guard/bin/runc-guard"))
+        assert stall.held_in_a_syscall(tracee), "the shim never reached the stalled stat"
         before = os.readlink(os.path.join(host, "opt/runc-guard/current"))
         run([installer], env=env)
         assert os.readlink(os.path.join(host, "opt/runc-guard/current")) != before

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from labkit import prereq
+from labkit import prereq, stall
 from labkit.kernel import (
     RUNC,
     RuncContainer,
@@ -602,46 +602,7 @@ def _installed(module: str) -> str:
     return os.path.join(sysconfig.get_paths()["purelib"], module)
 
 
-def _tracee(parent: int, timeout: float = 10.0) -> int:
-    """The first child of ``parent`` (strace's tracee)."""
-    found: list[int] = []
-
-    def look() -> bool:
-        for tid in os.listdir(f"/proc/{parent}/task"):
-            with contextlib.suppress(OSError), open(f"/proc/{parent}/task/{tid}/children") as f:
-                found.extend(int(x) for x in f.read().split())
-        return bool(found)
-
-    assert wait_for(look, timeout)
-    return found[0]
-
-
-def _held_in_a_syscall(pid: int, timeout: float = 20.0) -> bool:
-    """True once ``pid`` sits in one syscall entry for 150 ms: strace's injected delay, not the
-    brief stops strace makes at every syscall. (``/proc/<pid>/syscall``: number and arguments;
-    state ``t``: stopped by its tracer.)"""
-    end = time.monotonic() + timeout
-    last, since = "", time.monotonic()
-    while time.monotonic() < end:
-        try:
-            with open(f"/proc/{pid}/syscall") as f:
-                call = f.read().strip()
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return False
-        now = f"{state} {call}"
-        if now != last or state != "t" or call in ("running", "") or call.startswith("-1"):
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= 0.15:
-            return True
-        time.sleep(0.01)
-    return False
-
-
-def _sigint_while_importing_once(
-    shim: str, module: str, tmp: str
-) -> subprocess.CompletedProcess[str] | None:
+def sigint_while_importing(shim: str, module: str, tmp: str) -> subprocess.CompletedProcess[str]:
     """Run a delete whose import of ``module`` stalls 2 s (strace delays its first stat), SIGINT it then.
 
     Deterministic where a timed SIGINT is not: the window between the interpreter's start and
@@ -671,9 +632,8 @@ def _sigint_while_importing_once(
     ]  # fmt: skip
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        tracee = _tracee(proc.pid)
-        if not _held_in_a_syscall(tracee):
-            return None  # strace never stalled it (seen now and then on a loaded machine)
+        tracee = stall.tracee(proc.pid, shim)
+        assert stall.held_in_a_syscall(tracee), f"the import of {module} never stalled under strace"
         os.kill(tracee, signal.SIGINT)
         _out, err = proc.communicate(timeout=30)
     finally:
@@ -683,17 +643,7 @@ def _sigint_while_importing_once(
     return subprocess.CompletedProcess(argv, proc.returncode, "", err)
 
 
-def sigint_while_importing(shim: str, module: str, tmp: str) -> subprocess.CompletedProcess[str]:
-    """SIGINT while ``module`` is imported (see _sigint_while_importing_once), up to 3 tries:
-    on a loaded machine strace's injected stall occasionally does not happen."""
-    for attempt in range(3):
-        done = _sigint_while_importing_once(shim, module, os.path.join(tmp, f"try-{attempt}"))
-        if done is not None:
-            return done
-    raise AssertionError(f"the import of {module} never stalled under strace in 3 tries")
-
-
-STRACE = "/usr/bin/strace"
+STRACE = stall.STRACE
 needs_strace = prereq.needs(os.access(STRACE, os.X_OK), f"{STRACE} (apt-get install strace)")
 
 
