@@ -8,11 +8,29 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import subprocess
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from labkit.kernel import wait_for
 
 STRACE = "/usr/bin/strace"
+
+
+@contextlib.contextmanager
+def traced(argv: list[str], **popen: Any) -> Iterator[subprocess.Popen[str]]:
+    """Start ``argv`` (an strace command line) in a session of its own; on the way out, SIGKILL
+    what is left in it: strace, the tracee and its children, and strace's start-up probes,
+    which a SIGKILLed strace would leave stopped forever."""
+    proc: subprocess.Popen[str] = subprocess.Popen(argv, start_new_session=True, text=True, **popen)
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def tracee(strace_pid: int, program: str, timeout: float = 10.0) -> int:

@@ -521,22 +521,16 @@ def test_pyz_shim_mid_upgrade_keeps_its_own_version(
     }
     # strace stalls the shim's stat of state.json (just before it imports the delete path) 4 s,
     # longer than an install takes on a loaded 2-core machine
-    shim = subprocess.Popen(
-        ["/usr/bin/strace", "-o", "/dev/null", "-P", state, "-e", "inject=all:delay_enter=4000000:when=1",
-         os.path.join(host, "opt/runc-guard/bin/runc-guard"), "--root", root, "delete", "--force", "c1"],
-        env=shim_env, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        tracee = stall.tracee(shim.pid, os.path.join(host, "opt/runc-guard/bin/runc-guard"))
+    program = os.path.join(host, "opt/runc-guard/bin/runc-guard")
+    argv = [stall.STRACE, "-o", "/dev/null", "-P", state, "-e", "inject=all:delay_enter=4000000:when=1",
+            program, "--root", root, "delete", "--force", "c1"]  # fmt: skip
+    with stall.traced(argv, env=shim_env, stderr=subprocess.PIPE) as shim:
+        tracee = stall.tracee(shim.pid, program)
         assert stall.held_in_a_syscall(tracee), "the shim never reached the stalled stat"
         before = os.readlink(os.path.join(host, "opt/runc-guard/current"))
         run([installer], env=env)
         assert os.readlink(os.path.join(host, "opt/runc-guard/current")) != before
         _out, err = shim.communicate(timeout=60)
-    finally:
-        if shim.poll() is None:
-            shim.kill()
-            shim.wait()
     assert "Traceback" not in err, err
     assert shim.returncode == 0, err
 

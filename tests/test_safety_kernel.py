@@ -630,16 +630,11 @@ def sigint_while_importing(shim: str, module: str, tmp: str) -> subprocess.Compl
         STRACE, "-o", "/dev/null", "-P", _installed(module), "-e", "inject=all:delay_enter=2000000:when=1",
         shim, "--root", root, "delete", "--force", "c1",
     ]  # fmt: skip
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
-    try:
+    with stall.traced(argv, stderr=subprocess.PIPE, env=env) as proc:
         tracee = stall.tracee(proc.pid, shim)
         assert stall.held_in_a_syscall(tracee), f"the import of {module} never stalled under strace"
         os.kill(tracee, signal.SIGINT)
         _out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     return subprocess.CompletedProcess(argv, proc.returncode, "", err)
 
 
