@@ -53,11 +53,13 @@ integration: deps venv
 
 # The README's test command: lint, type check, unit, kernel and integration tests.
 # Two workers (these machines have two cores); --dist loadscope keeps each module's
-# containerd lab on one worker. The runtime matrix needs RUNC_GUARD_TEST_RUNTIMES
-# (default: ../shared/runtimes beside the checkout; .ci/run unpacks and sets it).
+# containerd lab on one worker, and --no-loadscope-reorder hands modules out in
+# collection order, the VM lab first (integration/conftest.py). The runtime matrix
+# needs RUNC_GUARD_TEST_RUNTIMES (default: ../shared/runtimes beside the checkout;
+# .ci/run unpacks and sets it).
 JOBS ?= 2
 test: deps venv lint typecheck
-	$(PY) -m pytest -n $(JOBS) --dist loadscope tests integration
+	$(PY) -m pytest -n $(JOBS) --dist loadscope --no-loadscope-reorder tests integration
 
 # The README's main job: stock runc leaks cgroups on a slow teardown, runc-guard does not.
 demo: deps venv

@@ -50,10 +50,10 @@ FIRST = ("test_vm_node.py",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The VM lab first: --dist loadscope hands out modules in collection order, and as the
-    last module collected it started once the other worker was nearly done, adding its whole
-    length to the run (20 min in a local CI run, where the rest of the suite is ~10 min of
-    one worker's time)."""
+    """The VM lab first: `make test` hands modules out in collection order (loadscope without
+    its reorder, which puts modules with many tests first), and the VM lab, collected last
+    and with few tests, started once the other worker was nearly done: its whole length came
+    on top of the rest (20 min for a local CI run)."""
     items.sort(key=lambda item: item.path.name not in FIRST)
 
 
