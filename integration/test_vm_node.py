@@ -76,8 +76,9 @@ def teardowns(node: vm.VM) -> dict[str, dict[str, Any]]:
         "path-a": cell(node, "teardown", HANDLERS, "a", "pod"),
         # kubelet's default, own PID namespace: init waits in do_exit for the writer.
         "path-b": cell(node, "teardown", HANDLERS, "b", "container"),
-        # The same dead-shim teardown in front of runc 1.3.4 (cgroup.kill, state kept on failure).
-        "path-b-134": cell(node, "teardown", ",".join(PAIR_134), "b", "container"),
+        # runc 1.3.4 (cgroup.kill, state kept on failure) runs under containerd 2.x below, what
+        # 2.x ships; under 1.6.20 too in `python -m bench.vm_cells --layout unified --runc 1.3.4`
+        # (56 s more here than make test's budget holds).
     }
     ids = [c for result in cells.values() for h in result if isinstance(result[h], dict)
            for c in result[h]["ids"].values()]  # fmt: skip
@@ -187,11 +188,6 @@ def test_path_b_dead_shim_throttled_teardown(teardowns: dict[str, Any], record_p
     check_path_b(teardowns["path-b"], PAIR, "path-b pid=container", record_property)
 
 
-def test_path_b_runc_134(teardowns: dict[str, Any], record_property: Any) -> None:
-    """The same Path B in front of runc 1.3.4, which kills through cgroup.kill on v2 and keeps its state."""
-    check_path_b(teardowns["path-b-134"], PAIR_134, "path-b runc-1.3.4 pid=container", record_property)
-
-
 def test_node_tools_on_the_unified_tree(teardowns: dict[str, dict[str, Any]], record_property: Any) -> None:
     """audit reports what the cells left, sweep clears runc-guard's records, metrics count the deletes."""
     tools = teardowns["tools"]
@@ -204,7 +200,6 @@ def test_node_tools_on_the_unified_tree(teardowns: dict[str, dict[str, Any]], re
     assert any(line.startswith("runc_guard_deletes_total") for line in tools["metrics"]), tools
     # The sibling cell's sibling may still run where TCG made runc-guard step aside (docs/vm.md).
     guard_ids = {teardowns[name][GUARD]["ids"]["work"] for name in ("path-a", "path-b")}
-    guard_ids.add(teardowns["path-b-134"][GUARD_134]["ids"]["work"])
     for cid in guard_ids:
         left = tools["left"][cid]
         assert (left["dirs"], left["records"]) == (0, 0), (cid, left)
