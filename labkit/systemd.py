@@ -69,6 +69,7 @@ PACKAGES = (
     "python3-structlog",
     "python3-click",
     "python3-tomlkit",
+    "python3-prometheus-client",
 )
 CACHE_ROOT = "/var/tmp/runc-guard-systemd-lab"
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -54,9 +54,8 @@ CACHE_ROOT = "/var/tmp/runc-guard-vm-lab"
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHECKOUT = os.path.dirname(HERE)
 GUEST_SRC = os.path.join(HERE, "vm_guest")
-#: What the kernel root adds to the nspawn lab's root: the kernel, its initramfs and
-#: runc-guard's one Debian dependency the nspawn lab (which runs from source) lacks.
-KERNEL_PACKAGES = ("linux-image-amd64", "initramfs-tools", "python3-prometheus-client")
+#: What the kernel root adds to the nspawn lab's root: the kernel and its initramfs.
+KERNEL_PACKAGES = ("linux-image-amd64", "initramfs-tools")
 #: Units that only slow a test boot down (apt's timers, e2scrub).
 MASKED = ("apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "e2scrub_reap.service")
 DISK_SIZE = "3G"

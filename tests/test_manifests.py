@@ -35,8 +35,9 @@ def parse_ctl(argv: list[str]) -> click.Context:
 
 
 def ctl_lines(script: str) -> list[list[str]]:
-    return [shlex.split(line.strip())[1:] for line in script.splitlines()
-            if line.strip().startswith("runc-guardctl ")]
+    """The runc-guardctl calls of the sweeper's loop (``host nice -n 10 "$ctl" ARGS``): ARGS."""
+    calls = [shlex.split(line.strip()) for line in script.splitlines() if 'host nice -n 10 "$ctl" ' in line]
+    return [argv[argv.index("$ctl") + 1:] for argv in calls]
 
 
 @pytest.fixture(scope="module")
@@ -53,34 +54,34 @@ def test_daemonset_validates_against_kubernetes_schema(daemonset: dict[str, Any]
 
 
 def test_daemonset_has_what_the_sweep_needs(daemonset: dict[str, Any]) -> None:
-    """Privileged, host PIDs, the host's cgroups, containerd's run dir and the pending dir, with limits."""
+    """Privileged with host PIDs (nsenter into PID 1's namespaces), with limits; no host mounts:
+    the node's own runc-guardctl runs in the node's mount namespace."""
     pod = daemonset["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert pod["hostPID"] is True
     assert container["securityContext"]["privileged"] is True
     limits = container["resources"]["limits"]
     assert {"cpu", "memory"} <= set(limits)
-    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
-    mounts = {m["name"]: m for m in container["volumeMounts"]}
-    by_host = {host_paths[name]: m for name, m in mounts.items()}
-    assert by_host["/sys/fs/cgroup"]["mountPath"] == "/sys/fs/cgroup"
-    assert by_host["/sys/fs/cgroup"]["mountPropagation"] == "HostToContainer"
-    assert by_host["/run/containerd"]["mountPath"] == "/run/containerd"
+    assert "volumes" not in pod and "volumeMounts" not in container
+    script = container["args"][0]
+    assert 'host() { nsenter -t 1 -m -u -i -n -p -- "$@"; }' in script
     env = {e["name"]: e["value"] for e in container["env"]}
-    pending = env["RUNC_GUARD_PENDING_DIR"]
-    assert any(pending.startswith(m["mountPath"] + "/") for m in by_host.values()
-               if not m.get("readOnly"))
+    # the installer's runc-guardctl, then the .deb's
+    assert env["HOST_CTL"].split() == ["/opt/runc-guard/bin/runc-guardctl", INSTALLED_CTL]
 
 
 def test_daemonset_commands_parse_with_the_real_cli(daemonset: dict[str, Any]) -> None:
-    """Every runc-guardctl call in the loop uses options that exist; the metrics file is on a host mount."""
+    """Every runc-guardctl call in the loop uses options that exist; metrics go where the timers' do."""
     (container,) = daemonset["spec"]["template"]["spec"]["containers"]
     calls = ctl_lines(container["args"][0])
     assert [c[0] for c in calls] == ["audit", "sweep"]
+    env = {e["name"]: e["value"] for e in container["env"]}
     for argv in calls:
-        parse_ctl(argv)
-    metrics_file = calls[0][calls[0].index("--metrics-file") + 1]
-    assert any(os.path.dirname(metrics_file) == m["mountPath"] for m in container["volumeMounts"])
+        parse_ctl([w for a in argv for w in (env[a[1:]].split() if a.startswith("$") else [a])])
+    audit = parse_ctl(_exec_start("runc-guard-audit.service"))
+    assert calls[0][calls[0].index("--metrics-file") + 1] == "$METRICS_FILE"
+    assert calls[1] == ["sweep", "$SWEEP_ARGS"] and env["SWEEP_ARGS"] == ""
+    assert env["METRICS_FILE"] == audit.params["metrics_file"]
 
 
 def test_npd_config_raises_cgroup_leak_from_audit() -> None:

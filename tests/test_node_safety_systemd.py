@@ -11,12 +11,15 @@ it finished, or systemd keeps one failed unit per such container forever.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 
 import pytest
+import yaml
 
 from labkit import prereq
 from labkit import systemd as sl
@@ -121,3 +124,70 @@ def test_a_sweep_during_the_stop_job_then_one_after_finishes_it(machine: sl.Mach
     finally:
         hold.destroy()
         sl.remove_task(task)
+
+
+SWEEPER = os.path.join(os.path.dirname(__file__), "..", "contrib", "kubernetes", "runc-guard-sweeper.yaml")
+#: A pod's view of the machine: its own mount namespace, without the node's /run/systemd.
+POD = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+       'mount -t tmpfs pod /run/systemd && exec "$@"', "pod"]  # fmt: skip
+
+
+def sweeper_script() -> str:
+    """The shipped sweeper DaemonSet's container script."""
+    with open(SWEEPER) as f:
+        (doc,) = [d for d in yaml.safe_load_all(f) if d]
+    (container,) = doc["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["/bin/sh", "-c"]
+    return str(container["args"][0])
+
+
+def test_the_sweeper_daemonset_resets_the_scope_a_pods_view_cannot(machine: sl.Machine) -> None:
+    """A sweep in a pod's own view (the DaemonSet before: no /run/systemd) finishes nothing of a
+    cut-short delete under the systemd driver: runc refuses its re-drive, 8 dirs, the state and
+    the failed scope stay. The DaemonSet's script, from that same view, runs the node's
+    runc-guardctl in PID 1's namespaces: 0 dirs, state gone, scope reset and collected."""
+    crash = sl.path_b(machine, unique("rg21sd"), sl.GUARD, delay=6.0)
+    task = crash.task
+    metrics = f"/run/{unique('rg-sweeper')}.prom"
+    try:
+        assert wait_for(lambda: task.unit_state().get("ActiveState") == "failed", 30, 0.2), task.unit_state()
+        ctl = f"{sl.GUARD_BIN}/runc-guardctl"
+        out = machine.run(*POD, ctl, "sweep", "--min-age", "0", "--format", "json", check=False, timeout=120)
+        report = json.loads(out.stdout)
+        # runc itself refuses the re-drive without /run/systemd: nothing is finished.
+        assert entries(report, task) == [("error", "")], report
+        assert "systemd not running on this host" in str(report["errors"]), report
+        assert len(task.host_dirs()) == len(crash.dirs_left) and os.path.exists(task.runc_state())
+        assert task.unit_state()["ActiveState"] == "failed", task.unit_state()
+
+        # HOST_CTL: the first candidate is missing, as the installer's path is on a .deb node
+        env = {"PATH": sl.MACHINE_PATH, "HOST_CTL": f"/nonexistent/runc-guardctl {ctl}",
+               "METRICS_FILE": metrics, "SWEEP_ARGS": "--min-age 0"}  # fmt: skip
+        argv = [sl.NSENTER, "-t", str(machine.leader), "-a", "--", *POD, "sh", "-c", sweeper_script()]
+        pod = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            collected = wait_for(lambda: task.unit_state().get("LoadState") == "not-found", 60, 0.2)
+            (script,) = _children(pod.pid)
+            os.kill(script, signal.SIGTERM)
+            _out, err = pod.communicate(timeout=10)
+        finally:
+            if pod.poll() is None:
+                pod.kill()
+                pod.wait()
+        assert collected, (task.unit_state(), err)
+        assert pod.returncode == 0, err
+        assert task.host_dirs() == [] and not os.path.exists(task.runc_state())
+        with open(machine.host_path(metrics)) as f:
+            assert "runc_guard_" in f.read()
+        print(f"\nsweeper DaemonSet: a pod-view sweep left {len(crash.dirs_left)} dirs, runc's state "
+              "and the failed scope (runc: systemd not running); the shipped script (nsenter into "
+              "PID 1's namespaces): 0 dirs, state gone, scope collected")
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(machine.host_path(metrics))
+        sl.remove_task(task)
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
