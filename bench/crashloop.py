@@ -447,6 +447,9 @@ def report(result: Result, title: str) -> None:
         end, settled = result.at_end[handler], result.settled[handler]
         is_guard = handler == cr.GUARD_HANDLER
         cpu = [int(str(s.get("cpu_ms", 0))) for s in result.stats] if is_guard else []
+        timed = [s for s in result.stats if "total_ms" in s] if is_guard else []
+        wall = [int(str(s["total_ms"])) / 1000 for s in timed]
+        runtime = [int(str(s.get("runtime_ms", 0))) / 1000 for s in timed]
         outcomes: dict[str, int] = {}
         for s in result.stats if is_guard else []:
             outcomes[str(s.get("outcome"))] = outcomes.get(str(s.get("outcome")), 0) + 1
@@ -459,6 +462,7 @@ def report(result: Result, title: str) -> None:
             f"{_pct(after, 0.0)} / {_pct(after, 0.5)} / {_pct(after, 0.99)}",
             str(sum(loop.stuck for loop in loops)),
             f"{statistics.median(cpu):.0f}" if cpu else "-",
+            f"{_pct(wall, 0.5)} / {_pct(wall, 0.99)}; {_pct(runtime, 0.5)}" if wall else "-",
             " ".join(f"{k}={v}" for k, v in sorted(outcomes.items())) or "-",
             str(result.requeued.get(handler, 0)),
             str(sum(len(loop.errors) for loop in loops)),
@@ -467,7 +471,8 @@ def report(result: Result, title: str) -> None:
         "handler", "restarts", "at the end: dirs / containers / states / records",
         "settled: dirs / containers / states / records", "crash -> EXITED s p50 / p99",
         "last process died -> EXITED s min / p50 / p99",
-        "stuck", "CPU/delete ms (median, runc-guard's own)", "runc-guard outcomes",
+        "stuck", "CPU/delete ms (median, runc-guard's own)",
+        "runc-guard's delete, exec to verdict s p50 / p99; its runtime's p50", "runc-guard outcomes",
         "containerd TaskExit errors", "bench errors"], rows)
     samples = result.samples
     pending = [s["pending"] for s in samples]

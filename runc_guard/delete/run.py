@@ -781,6 +781,9 @@ def append_stats(stats_file: str, outcome: str, entry: Mapping[str, Any], contai
             "removed": entry.get("removed", 0),
             "killed": len(entry.get("stragglers_killed", ())),
             "cpu_ms": entry.get("cpu_ms", 0),
+            # wall time from the process's start (or containerd's budget's), and the runtime's share
+            "total_ms": entry.get("total_ms", 0),
+            "runtime_ms": entry.get("runtime_ms", 0),
         }
     )
     append_line(stats_file, line + "\n", make_dirs=True)
