@@ -158,12 +158,20 @@ def reported_events(workdir: str, cache: str = "cache", log: str = "events.jsonl
 WAITING_SYSCALLS = {"7", "271", "23", "270", "232", "35", "230"}
 
 
-def guard_is_waiting(pid: int) -> bool:
-    """runc-guard's runtime child is gone and it sits in poll/sleep (its wait loop)."""
+def children(pid: int) -> list[int]:
+    """The children of ``pid``'s main thread ([] once it is gone)."""
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
-            if f.read().strip():
-                return False
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def guard_is_waiting(pid: int) -> bool:
+    """runc-guard's runtime child is gone and it sits in poll/sleep (its wait loop)."""
+    if children(pid):
+        return False
+    try:
         with open(f"/proc/{pid}/syscall") as f:
             return f.read().split(" ", 1)[0] in WAITING_SYSCALLS
     except OSError:

@@ -23,7 +23,7 @@ import yaml
 
 from labkit import prereq
 from labkit import systemd as sl
-from labkit.kernel import unique, wait_for
+from labkit.kernel import children, unique, wait_for
 
 pytestmark = pytest.mark.kernel
 
@@ -167,7 +167,7 @@ def test_the_sweeper_daemonset_resets_the_scope_a_pods_view_cannot(machine: sl.M
         pod = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             collected = wait_for(lambda: task.unit_state().get("LoadState") == "not-found", 60, 0.2)
-            (script,) = _children(pod.pid)
+            (script,) = children(pod.pid)
             os.kill(script, signal.SIGTERM)
             _out, err = pod.communicate(timeout=10)
         finally:
@@ -186,8 +186,3 @@ def test_the_sweeper_daemonset_resets_the_scope_a_pods_view_cannot(machine: sl.M
         with contextlib.suppress(OSError):
             os.unlink(machine.host_path(metrics))
         sl.remove_task(task)
-
-
-def _children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(p) for p in f.read().split()]

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import pytest
 
 from labkit import runtimes
-from labkit.kernel import container_with_hold, guard_is_waiting, reported_events, wait_for
+from labkit.kernel import children, container_with_hold, guard_is_waiting, reported_events, wait_for
 from labkit.scenario import guard_env
 
 pytestmark = pytest.mark.kernel
@@ -32,14 +32,6 @@ VERSIONS = {"1.3.4": runtimes.RUNC_134, "1.5.1": runtimes.RUNC_151}
 
 def _runc(version: str) -> str:
     return runtimes.require(VERSIONS[version])
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except OSError:
-        return []
 
 
 @pytest.mark.parametrize("version", list(VERSIONS))
@@ -85,7 +77,7 @@ def test_runc_guard_reruns_the_delete_once_the_cgroups_are_empty(
             try:
                 # The first run of runc (init alive: runc-guard runs it at once), then runc-guard
                 # back in its wait loop with no child: that first run is over.
-                assert wait_for(lambda: bool(_children(guard.pid)), 30, 0.005), "runc never ran"
+                assert wait_for(lambda: bool(children(guard.pid)), 30, 0.005), "runc never ran"
                 assert wait_for(lambda: guard_is_waiting(guard.pid), 60, 0.01), "runc-guard never waited"
                 first_run_kept_state = os.path.exists(state)
                 busy = ctr.cgroup_dirs()
