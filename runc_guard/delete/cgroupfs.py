@@ -239,11 +239,11 @@ def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> dict[str, str]:
             fstype = right.split(" ", 1)[0]
             if fstype in ("cgroup", "cgroup2"):
                 mount_point = left.split(" ")[4]
-                mounts[_unescape_mountinfo(mount_point)] = fstype
+                mounts[unescape_mountinfo(mount_point)] = fstype
     return mounts
 
 
-def _unescape_mountinfo(field: str) -> str:
+def unescape_mountinfo(field: str) -> str:
     """mountinfo escapes space, tab, newline and backslash as octal ``\\NNN``."""
     if "\\" not in field:
         return field
