@@ -162,21 +162,28 @@ def test_default_roots_judge_only_containerds() -> None:
 # -- the PID namespace ----------------------------------------------------------------------------
 
 
-def ns_proc(tmp_path: Path, self_pid: int | str, containerd_shares: bool | None) -> str:
-    """A /proc whose ``self`` names ``self_pid``, with our ns file and maybe a containerd process."""
+def ns_proc(
+    tmp_path: Path, self_pid: int | str, containerd_shares: bool | None, same_root: bool = True
+) -> str:
+    """A /proc whose ``self`` names ``self_pid``, with our ns file and maybe a containerd process
+    (in our PID namespace or not; with our root directory or another)."""
     root = tmp_path / "proc"
     (root / "ns").mkdir(parents=True)
     (root / "ns" / "ours").write_text("")
     (root / "ns" / "other").write_text("")
+    (tmp_path / "our-root").mkdir()
+    (tmp_path / "other-root").mkdir()
     os.symlink(str(self_pid), root / "self")
     me = root / str(self_pid)
     (me / "ns").mkdir(parents=True)
     os.link(root / "ns" / "ours", me / "ns" / "pid")  # same inode: same namespace
+    os.symlink(tmp_path / "our-root", me / "root")
     if containerd_shares is not None:
         other = root / "4242"
         (other / "ns").mkdir(parents=True)
         (other / "comm").write_text("containerd\n")
         os.link(root / "ns" / ("ours" if containerd_shares else "other"), other / "ns" / "pid")
+        os.symlink(tmp_path / ("our-root" if same_root else "other-root"), other / "root")
     return str(root)
 
 
@@ -187,6 +194,9 @@ def test_pid_namespace_view_from_a_fake_proc(tmp_path: Path) -> None:
     assert pidns.pid_namespace_view(ns_proc(tmp_path / "c", 99, False), pid=99).verdict == "foreign"
     shared = pidns.pid_namespace_view(ns_proc(tmp_path / "d", 99, True), pid=99)
     assert shared.trusted and "containerd runs in it" in shared.reason
+    # A containerd of its own (Docker-in-Docker in a pod without hostPID): its name proves nothing.
+    dind = pidns.pid_namespace_view(ns_proc(tmp_path / "e", 99, True, same_root=False), pid=99)
+    assert dind.verdict == "foreign" and not dind.trusted
     missing = pidns.pid_namespace_view(str(tmp_path / "nothing"), pid=99)
     assert missing.verdict == "unknown" and not missing.trusted
 
