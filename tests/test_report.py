@@ -269,8 +269,9 @@ def _helper_in_a_pod_cgroup(tmp_path: Any, leave: bool) -> tuple[int, list[str],
         f"lock = os.open({str(tmp_path / 'lock')!r}, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)",
         f"print(spawn_detached({program!r}, [{seen!r}, {go!r}], lock))",
     ])
-    done = subprocess.run([sys.executable, "-c", caller], capture_output=True, text=True, timeout=30, check=False,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", caller], capture_output=True, text=True, timeout=30,
+                          check=False, cwd=repo)
     assert done.returncode == 0, done.stderr
     pid = int(done.stdout)
     assert pid > 0 and wait_for(lambda: os.path.exists(seen), timeout=20), done.stderr
