@@ -181,6 +181,8 @@ class DeleteRun:
         self.record: str | None = None
         #: The container's cgroup directories, once read from its state.
         self.paths: list[str] = []
+        #: Of those, the v1 freezers already frozen when this delete began (a paused container).
+        self.paused: frozenset[str] = frozenset()
         #: (pid, start) of an init alive when a ``delete --force`` began: the deadline's kill.
         self.live_init: tuple[int, int] | None = None
         #: The sandbox whose delete runs this one (a CRI sandbox's dead sibling), if any.
@@ -325,19 +327,19 @@ class DeleteRun:
         a crash storm: ``sleep`` in state D, in every hierarchy, for good). Thawing
         is what runc itself would have done next; only a path of this container's
         own (``self.paths``, proven at the start) is written, and only where the
-        v1 freezer says FROZEN or FREEZING.
+        v1 freezer says FROZEN or FREEZING now but did not when the delete began:
+        a container paused before (``runc pause``) stays paused, as the runtime
+        alone leaves it, and containerd still believes.
         """
         for path in self.paths:
-            state_file = os.path.join(path, "freezer.state")
+            if path in self.paused or _freezer_frozen(path) is not True:
+                continue  # paused by its owner, not by the runtime's destroy; or no v1 freezer, or gone
             try:
-                with open(state_file, "rb") as f:
-                    frozen = f.read().strip() in (b"FROZEN", b"FREEZING")
-                if frozen:
-                    with open(state_file, "wb") as f:
-                        f.write(b"THAWED")
-                    self.canonical.setdefault("thawed", []).append(path)
+                with open(os.path.join(path, "freezer.state"), "wb") as f:
+                    f.write(b"THAWED")
             except OSError:
-                continue  # not a v1 freezer cgroup, or gone
+                continue
+            self.canonical.setdefault("thawed", []).append(path)
 
     def _without_state(self, reason: str) -> None:
         """No state: finish a pending record if one is left, else this is a plain passthrough."""
@@ -389,6 +391,7 @@ class DeleteRun:
             ) from None
         self.canonical["cgroup_paths"] = ownership.paths
         self.paths = ownership.paths
+        self.paused = frozenset(p for p in ownership.paths if _freezer_frozen(p))
         if ownership.step_aside is not None:
             self._step_aside(ownership.step_aside, None)
         with self._claim() as held:
@@ -726,6 +729,15 @@ def _level(end: Outcome) -> str:
     if end.failed:
         return "error"
     return "warning" if end.outcome in WARNING_OUTCOMES else "info"
+
+
+def _freezer_frozen(path: str) -> bool | None:
+    """Does the v1 freezer at ``path`` say FROZEN or FREEZING? None: no freezer there (or gone)."""
+    try:
+        with open(os.path.join(path, "freezer.state"), "rb") as f:
+            return f.read().strip() in (b"FROZEN", b"FREEZING")
+    except OSError:
+        return None
 
 
 def _state_ids(root: str) -> list[str]:
