@@ -31,6 +31,7 @@ from runc_guard import cjson
 from runc_guard.atomic import append_line
 from runc_guard.delete import runclog
 from runc_guard.delete.aside import write_aside
+from runc_guard.delete.bounds import STATS_CAP_BYTES
 from runc_guard.delete.cgroupfs import FALLBACKS, CgroupFsOps, RealCgroupFs, cgroup_mounts
 from runc_guard.delete.cleanup import (
     CgroupBusy,
@@ -798,7 +799,7 @@ def append_stats(stats_file: str, outcome: str, entry: Mapping[str, Any], contai
             "runtime_ms": entry.get("runtime_ms", 0),
         }
     )
-    append_line(stats_file, line + "\n", make_dirs=True)
+    append_line(stats_file, line + "\n", make_dirs=True, rotate_at=STATS_CAP_BYTES)
 
 
 def run_delete(
