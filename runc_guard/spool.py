@@ -147,7 +147,7 @@ def leave_callers_cgroups(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
     be an ancestor of ours. Best effort: a root that refuses (read-only) keeps
     the helper where it was in that hierarchy.
     """
-    from runc_guard.delete.cgroupfs import unescape_mountinfo
+    from runc_guard.procinfo import unescape_mountinfo
 
     try:
         with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:

@@ -15,6 +15,7 @@ import select
 import time
 
 from runc_guard.libc import statfs_type
+from runc_guard.procinfo import unescape_mountinfo
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -241,19 +242,3 @@ def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> dict[str, str]:
                 mount_point = left.split(" ")[4]
                 mounts[unescape_mountinfo(mount_point)] = fstype
     return mounts
-
-
-def unescape_mountinfo(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as octal ``\\NNN``."""
-    if "\\" not in field:
-        return field
-    out = []
-    i = 0
-    while i < len(field):
-        if field[i] == "\\" and i + 3 < len(field) + 0 and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
