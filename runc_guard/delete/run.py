@@ -52,6 +52,7 @@ from runc_guard.delete.pending import (
     remove_record,
     write_record,
 )
+from runc_guard.delete.reclaim import DELETE_BUDGET as RECLAIM_BUDGET
 from runc_guard.delete.report import EventLog, deliver, detach_finisher
 from runc_guard.delete.runtime_child import RuntimeRun, run_runtime_child
 from runc_guard.delete.state import (
@@ -606,6 +607,7 @@ class DeleteRun:
                 remove=remove,
                 watch_foreign=watch_foreign,
                 clock=self.clock,
+                reclaim_budget=RECLAIM_BUDGET,
             )
         except CgroupBusy as exc:
             self._account(exc.report)
@@ -628,6 +630,12 @@ class DeleteRun:
             set(self.canonical["stragglers_killed"]) | set(report.killed)
         )
         self.canonical["removed"] += len(report.removed)
+        if report.reclaimed:
+            self.canonical["memcg_reclaimed_kb"] = self.canonical.get("memcg_reclaimed_kb", 0) + (
+                report.reclaimed >> 10
+            )
+        if report.unreclaimed:
+            self.canonical.setdefault("memcg_unreclaimed", {}).update(report.unreclaimed)
 
     def _write_record(self, state: ContainerState, paths: list[str]) -> str | None:
         record = PendingRecord(
@@ -797,6 +805,9 @@ def append_stats(stats_file: str, outcome: str, entry: Mapping[str, Any], contai
             # wall time from the process's start (or containerd's budget's), and the runtime's share
             "total_ms": entry.get("total_ms", 0),
             "runtime_ms": entry.get("runtime_ms", 0),
+            # memory cgroups: KiB reclaimed before their rmdir, and how many were left charged (dying)
+            "reclaimed_kb": entry.get("memcg_reclaimed_kb", 0),
+            "memcg_left": len(entry.get("memcg_unreclaimed", ())),
         }
     )
     append_line(stats_file, line + "\n", make_dirs=True, rotate_at=STATS_CAP_BYTES)
