@@ -13,7 +13,8 @@ from tests.fakes import FakeCgroupFs, FakeClock
 def _v1(path: Path, usage: int, dirty: int = 0) -> Path:
     path.mkdir()
     (path / "memory.usage_in_bytes").write_text(f"{usage}\n")
-    (path / "memory.stat").write_text(f"cache {usage}\nrss 0\ndirty {dirty}\nwriteback 0\ntotal_dirty {dirty}\n")
+    stat = f"cache {usage}\nrss 0\ndirty {dirty}\nwriteback 0\ntotal_dirty {dirty}\n"
+    (path / "memory.stat").write_text(stat)
     (path / "memory.force_empty").write_text("")
     return path
 

@@ -65,8 +65,8 @@ def _lifecycle(workdir: str, parent: str, volume: str, delete: list[str], env: d
     root = os.path.join(workdir, "runc-root")
     cgroup = os.path.join(MEMORY, parent, cid)
     try:
-        subprocess.run([RUNC, "--root", root, "run", "-d", cid], cwd=bundle, stdin=subprocess.DEVNULL,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=30)  # fmt: skip
+        quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        subprocess.run([RUNC, "--root", root, "run", "-d", cid], cwd=bundle, check=True, timeout=30, **quiet)
         log = os.path.join(volume, f"{cid}.log")
         assert wait_for(lambda: os.path.exists(log) and os.path.getsize(log) == MIB, 10)
         with open(os.path.join(root, cid, "state.json")) as f:
