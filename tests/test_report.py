@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -234,17 +236,17 @@ def test_a_detached_helper_runs_below_containerds_session(tmp_path: Any) -> None
     assert group.split()[-1] == str(HELPER_NICE) and int(nice) == HELPER_NICE, (group, nice)
 
 
-def _helper_in_a_pod_cgroup(tmp_path: Any, leave: bool) -> tuple[int, list[str], str, str]:
+@contextlib.contextmanager
+def _helper_in_a_pod_cgroup(tmp_path: Any, leave: bool) -> Iterator[tuple[list[str], str, str]]:
     """A caller in test cgroups (every hierarchy) with its cwd in a bundle directory starts a
-    detached helper, as a serving shim under ``ShimCgroup`` would; (helper pid, the cgroups, what the
-    helper saw of its cwd and /proc/self/cgroup). ``leave``: the helper runs step_back first."""
-    from labkit.kernel import cgroup_mount_points, unique
+    detached helper, as a serving shim under ``ShimCgroup`` would; yields (the cgroups, what the
+    helper saw of its cwd and /proc/self/cgroup). ``leave``: the helper runs step_back first.
+    The helper is let go and the cgroups removed afterwards, whatever happened."""
+    from labkit.kernel import cgroup_mount_points, exited, remove_tree, unique
 
     name = unique("rg-helper-pod")
     # cpuset would want cpus and mems copied before a process may join: the others show it.
     cgroups = [os.path.join(m, name) for m in cgroup_mount_points() if not m.endswith("/cpuset")]
-    for path in cgroups:
-        os.mkdir(path)
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     seen, go = str(tmp_path / "seen"), str(tmp_path / "go")
@@ -270,14 +272,24 @@ def _helper_in_a_pod_cgroup(tmp_path: Any, leave: bool) -> tuple[int, list[str],
         f"print(spawn_detached({program!r}, [{seen!r}, {go!r}], lock))",
     ])
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-c", caller], capture_output=True, text=True, timeout=30,
-                          check=False, cwd=repo)
-    assert done.returncode == 0, done.stderr
-    pid = int(done.stdout)
-    assert pid > 0 and wait_for(lambda: os.path.exists(seen), timeout=20), done.stderr
-    with open(seen) as f:
-        cwd, _, cgroup = f.read().partition("|")
-    return pid, cgroups, cwd, cgroup
+    pid = 0
+    try:
+        for path in cgroups:
+            os.mkdir(path)
+        done = subprocess.run([sys.executable, "-c", caller], capture_output=True, text=True, timeout=30,
+                              check=False, cwd=repo)
+        assert done.returncode == 0, done.stderr
+        pid = int(done.stdout)
+        assert pid > 0 and wait_for(lambda: os.path.exists(seen), timeout=20), done.stderr
+        with open(seen) as f:
+            cwd, _, cgroup = f.read().partition("|")
+        yield cgroups, cwd, cgroup
+    finally:
+        Path(go).write_text("")
+        if pid > 0:
+            assert wait_for(lambda: exited(pid), timeout=20)
+        for path in cgroups:
+            remove_tree(path)
 
 
 @pytest.mark.kernel
@@ -286,10 +298,7 @@ def test_a_detached_helper_leaves_its_callers_cwd_and_cgroup(tmp_path: Any, leav
     """A helper started from a pod's cgroup, in the bundle directory, holds neither once it has
     stepped back: the pod's cgroups can be removed while it lingers (kubelet's pod cleanup), and
     its cwd is ``/``. The control (no step_back) shows the caller's place is inherited."""
-    from labkit.kernel import exited, remove_tree
-
-    pid, cgroups, cwd, cgroup = _helper_in_a_pod_cgroup(tmp_path, leave)
-    try:
+    with _helper_in_a_pod_cgroup(tmp_path, leave) as (cgroups, cwd, cgroup):
         name = os.path.basename(cgroups[0])
         removable = []
         for path in cgroups:
@@ -304,8 +313,3 @@ def test_a_detached_helper_leaves_its_callers_cwd_and_cgroup(tmp_path: Any, leav
         else:
             assert cwd == str(tmp_path / "bundle") and name in cgroup, (cwd, cgroup)
             assert not any(removable), "the control: an inherited cgroup stays populated"
-    finally:
-        (tmp_path / "go").write_text("")
-        assert wait_for(lambda: exited(pid), timeout=20)
-        for path in cgroups:
-            remove_tree(path)
