@@ -391,4 +391,34 @@ def test_kernel_report_reads_a_cgroup2_child(tmp_path: Path) -> None:
     features, warnings = kernel_report({str(tmp_path / "cg2"): "cgroup2"}, str(tmp_path / "pressure"))
     present = {f["name"]: f["present"] for f in features}
     assert (present["cgroup.events"], present["cgroup.kill"], present["PSI"]) == (True, False, True)
-    assert [w.split(":")[1].strip().split()[0] for w in warnings] == ["cgroup.kill", "cgroup.stat"]
+    assert [w.split(":")[1].strip().split()[0] for w in warnings] == ["cgroup.kill", "cgroup.stat", "memcg"]
+
+
+@pytest.mark.parametrize(
+    ("layout", "expected"),
+    [("v1", True), ("v2-with", True), ("v2-without", False), ("none", False)],
+)
+def test_kernel_report_tells_whether_memory_cgroups_can_be_reclaimed(
+    tmp_path: Path, layout: str, expected: bool
+) -> None:
+    """v1's memory.force_empty, or v2's memory.reclaim in a child with the memory controller (5.19+);
+    without either, doctor says what stays as it is (issue 32)."""
+    from runc_guard.cli.doctor import kernel_report
+
+    mounts: dict[str, str] = {}
+    if layout == "v1":
+        (tmp_path / "memory").mkdir()
+        (tmp_path / "memory" / "memory.force_empty").write_text("")
+        mounts[str(tmp_path / "memory")] = "cgroup"
+    elif layout.startswith("v2"):
+        child = tmp_path / "cg2" / "kubepods.slice"
+        child.mkdir(parents=True)
+        (tmp_path / "cg2" / "cgroup.controllers").write_text("cpu io memory pids\n")
+        (child / "memory.current").write_text("0\n")
+        if layout == "v2-with":
+            (child / "memory.reclaim").write_text("")
+        mounts[str(tmp_path / "cg2")] = "cgroup2"
+    features, warnings = kernel_report(mounts, str(tmp_path / "pressure"), release="6.1.0")
+    found = {f["name"]: f for f in features}["memcg reclaim"]
+    assert found["present"] is expected, found
+    assert any(w.startswith("kernel: memcg reclaim missing") for w in warnings) is not expected
