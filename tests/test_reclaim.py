@@ -60,6 +60,19 @@ def test_v2_asks_in_chunks_and_stops_when_the_kernel_cannot_give_more(tmp_path: 
     assert result.method == reclaim.V2 and result.before == result.after == 40 << 20 and result.skipped == ""
 
 
+def test_io_pressure_leaves_the_memcg_as_it_is(tmp_path: Path) -> None:
+    """PSI says the node waits on its disk: no writeback is added; no PSI at all does not stop it."""
+    cg = _v1(tmp_path / "cg", 1 << 20)
+    busy = tmp_path / "io"
+    busy.write_text("some avg10=35.00 avg60=20.00 avg300=5.00 total=1\n"
+                    "full avg10=30.00 avg60=1.00 avg300=1.00 total=1\n")
+    result = reclaim.reclaim(str(cg), float("inf"), pressure=str(busy))
+    assert result.skipped.startswith("I/O pressure") and (cg / "memory.force_empty").read_text() == ""
+    assert reclaim.io_pressure(str(busy)) == 35.0
+    assert reclaim.io_pressure(str(tmp_path / "no-psi")) is None
+    assert reclaim.reclaim(str(cg), float("inf"), pressure=str(tmp_path / "no-psi")).skipped == ""
+
+
 def test_an_empty_charge_writes_nothing(tmp_path: Path) -> None:
     cg = tmp_path / "cg"
     cg.mkdir()

@@ -192,7 +192,9 @@ def attempt_removal(
     return remaining
 
 
-def remove_listed(paths: Sequence[str], fs: CgroupFsOps, report: CleanupReport) -> dict[str, tuple[int, ...]]:
+def remove_listed(
+    paths: Sequence[str], fs: CgroupFsOps, report: CleanupReport, reclaim: Reclaimer | None = None
+) -> dict[str, tuple[int, ...]]:
     """rmdir ``paths`` in the order given (leaf-first), without looking at them again.
 
     For a caller that has just read every one of them (children and
@@ -201,10 +203,13 @@ def remove_listed(paths: Sequence[str], fs: CgroupFsOps, report: CleanupReport) 
     read builds a pid list the kernel frees later). A process or child cgroup
     that appeared since the look is still safe: the kernel refuses rmdir of a
     populated cgroup or one with children (EBUSY), and such a path is returned
-    as remaining, like :func:`attempt_removal` does.
+    as remaining, like :func:`attempt_removal` does. ``reclaim``: each one's memory is
+    reclaimed first (delete.reclaim).
     """
     remaining: dict[str, tuple[int, ...]] = {}
     for path in paths:
+        if reclaim is not None:
+            reclaim(path)
         _rmdir(path, fs, report, remaining)
     return remaining
 

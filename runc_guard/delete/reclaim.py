@@ -38,12 +38,19 @@ if TYPE_CHECKING:
 #: What a delete spends reclaiming before its reply, at most (the deadline bounds it too): the
 #: common case (a few MiB of page cache) takes a few ms; a large cache is left as it is today.
 DELETE_BUDGET = 0.1
+#: What the sweep spends on one leaked container's memory cgroups (niced, paced, off every reply).
+SWEEP_BUDGET = 1.0
 #: One ``memory.reclaim`` write asks for at most this much (v2).
 CHUNK = 16 << 20
 #: v1's force_empty is all or nothing: only for a charge this small ...
 V1_MAX_CHARGE = 128 << 20
 #: ... of which at most this much is dirty or under writeback (memory.stat).
 V1_MAX_DIRTY = 4 << 20
+
+#: Above this share of time some task stalled on I/O (PSI, /proc/pressure/io ``some avg10``, %),
+#: reclaim would add writeback to a node already waiting on its disk: the memcg is left as it is.
+IO_PRESSURE_MAX = 20.0
+IO_PRESSURE = "/proc/pressure/io"
 
 V1, V2 = "force_empty", "reclaim"
 
@@ -115,14 +122,33 @@ def charged(path: str) -> tuple[str, int] | None:
     return None
 
 
-def reclaim(path: str, deadline: float, clock: Callable[[], float] = time.monotonic) -> Reclaim:
-    """Reclaim what is charged to the (empty, the container's own) memory cgroup at ``path``."""
+def io_pressure(path: str = IO_PRESSURE) -> float | None:
+    """PSI's ``some avg10`` for I/O (percent); None without PSI (CONFIG_PSI off, psi=0, old kernel)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline().split()
+        return float(dict(field.split(b"=", 1) for field in first[1:])[b"avg10"])
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+
+
+def reclaim(
+    path: str, deadline: float, clock: Callable[[], float] = time.monotonic, pressure: str = IO_PRESSURE
+) -> Reclaim:
+    """Reclaim what is charged to the (empty, the container's own) memory cgroup at ``path``.
+
+    Not under I/O pressure (``pressure``: PSI's file; unknown pressure does not stop it,
+    the bounds above still hold).
+    """
     found = charged(path)
     if found is None:
         return Reclaim(None, None)
     method, before = found
     if before == 0:
         return Reclaim(0, 0, method)
+    stalled = io_pressure(pressure)
+    if stalled is not None and stalled > IO_PRESSURE_MAX:
+        return Reclaim(before, before, method, skipped=f"I/O pressure (some avg10 {stalled:.0f}%)")
     if method == V2:
         return _reclaim_v2(path, before, deadline, clock)
     return _reclaim_v1(path, before, deadline, clock)

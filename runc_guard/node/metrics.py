@@ -131,6 +131,9 @@ def record_sweep(state: dict[str, Any], report: Mapping[str, Any], now: float) -
     sweep["records_cleared"] += int(report["records_cleared"])
     sweep["slowed_seconds"] += float(report["slowed"])
     sweep["states_redriven"] = sweep.get("states_redriven", 0) + len(report.get("redriven", ()))
+    # What the sweep reclaimed from leaked memcgs counts with the deletes' own (one pair of counters).
+    state["memcg_reclaimed_kb"] += int(report.get("memcg_reclaimed_kb", 0))
+    state["memcg_left"] += int(report.get("memcg_left", 0))
     for reason, count in report["kept"].items():
         sweep["kept"][reason] = sweep["kept"].get(reason, 0) + int(count)
     sweep["last_timestamp"] = now
