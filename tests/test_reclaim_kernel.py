@@ -12,16 +12,13 @@ which the other worker's tests move).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
 from collections.abc import Iterator
 
 import pytest
 
-from labkit.kernel import RUNC, make_bundle, procs, remove_tree, unique, wait_for
+from labkit.kernel import RUNC, remove_tree, unique, volume_writer_lifecycle
 from labkit.scenario import guard_env
 
 pytestmark = pytest.mark.kernel
@@ -48,41 +45,6 @@ def parents() -> Iterator[list[str]]:
             remove_tree(os.path.join("/sys/fs/cgroup", mount, name))
 
 
-def _lifecycle(workdir: str, parent: str, volume: str, delete: list[str], env: dict[str, str]) -> int:
-    """One container: write 1 MiB into the volume, die (init SIGKILLed), deleted by ``delete``."""
-    cid = unique("rgtest-memcg")
-    directory = os.path.join(workdir, cid)
-    script = f"dd if=/dev/zero of=/volume/{cid}.log bs=1M count=1 2>/dev/null; exec sleep 1000"
-    bundle = make_bundle(directory, f"/{parent}/{cid}", script)
-    os.symlink("busybox", os.path.join(bundle, "rootfs", "bin", "dd"))
-    os.makedirs(os.path.join(bundle, "rootfs", "volume"))
-    with open(os.path.join(bundle, "config.json")) as f:
-        config = json.load(f)
-    config["mounts"].append({"destination": "/volume", "type": "bind", "source": volume,
-                             "options": ["rbind", "rw"]})  # fmt: skip
-    with open(os.path.join(bundle, "config.json"), "w") as f:
-        json.dump(config, f)
-    root = os.path.join(workdir, "runc-root")
-    cgroup = os.path.join(MEMORY, parent, cid)
-    try:
-        quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-        subprocess.run([RUNC, "--root", root, "run", "-d", cid], cwd=bundle, check=True, timeout=30, **quiet)
-        log = os.path.join(volume, f"{cid}.log")
-        assert wait_for(lambda: os.path.exists(log) and os.path.getsize(log) == MIB, 10)
-        with open(os.path.join(root, cid, "state.json")) as f:
-            init = int(json.load(f)["init_process_pid"])
-        os.kill(init, signal.SIGKILL)
-        assert wait_for(lambda: not procs(cgroup), 10)
-        done = subprocess.run([*delete, "--root", root, "delete", "--force", cid], capture_output=True,
-                              text=True, env=env, check=False, timeout=60)  # fmt: skip
-        return done.returncode
-    finally:
-        for pid in procs(cgroup):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        subprocess.run([RUNC, "--root", root, "delete", "--force", cid], capture_output=True, check=False)
-
-
 def test_a_deleted_containers_memcg_keeps_no_page_cache(
     shim_binary: str, workdir: str, tmp_path: os.PathLike[str], parents: list[str]
 ) -> None:
@@ -97,7 +59,8 @@ def test_a_deleted_containers_memcg_keeps_no_page_cache(
         os.mkdir(os.path.join(MEMORY, parent))
         env = guard_env(workdir) if front == "guard" else dict(os.environ)
         delete = [shim_binary] if front == "guard" else [RUNC]
-        statuses = [_lifecycle(workdir, parent, volume, delete, env) for _ in range(LIFECYCLES)]
+        lives = [volume_writer_lifecycle(workdir, parent, volume, delete, env) for _ in range(LIFECYCLES)]
+        statuses = [life.status for life in lives]
         assert statuses == [0] * LIFECYCLES, (front, statuses)
         charged[front] = _usage(os.path.join(MEMORY, parent))
     print(f"\n{LIFECYCLES} lifecycles x 1 MiB: charged below the parent after the deletes: "
