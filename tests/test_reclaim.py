@@ -33,14 +33,22 @@ def test_v1_force_empty_on_a_small_clean_charge(tmp_path: Path) -> None:
     assert result.method == reclaim.V1 and result.skipped == ""
 
 
-def test_v1_is_not_forced_on_a_large_or_dirty_charge(tmp_path: Path) -> None:
-    """force_empty blocks until everything is reclaimed: a large charge, or a dirty one, is left alone."""
-    large = _v1(tmp_path / "large", reclaim.V1_MAX_CHARGE + 1)
-    dirty = _v1(tmp_path / "dirty", 8 << 20, dirty=reclaim.V1_MAX_DIRTY + 1)
+def test_a_large_or_dirty_charge_is_left_alone(tmp_path: Path) -> None:
+    """force_empty blocks until everything is reclaimed, and a v2 reclaim cut off at its budget would
+    have spent it in vain: a large charge, or a dirty one, is left alone on both."""
+    large = _v1(tmp_path / "large", reclaim.MAX_CHARGE + 1)
+    dirty = _v1(tmp_path / "dirty", 8 << 20, dirty=reclaim.MAX_DIRTY + 1)
+    v2 = tmp_path / "v2-dirty"
+    v2.mkdir()
+    (v2 / "memory.current").write_text(f"{8 << 20}\n")
+    (v2 / "memory.stat").write_text(f"anon 0\nfile {8 << 20}\nfile_dirty {reclaim.MAX_DIRTY + 1}\n")
+    (v2 / "memory.reclaim").write_text("")
     for cg in (large, dirty):
         result = reclaim.reclaim(str(cg), deadline=float("inf"))
         assert (cg / "memory.force_empty").read_text() == "" and result.skipped, result.skipped
         assert result.reclaimed == 0
+    result = reclaim.reclaim(str(v2), deadline=float("inf"))
+    assert (v2 / "memory.reclaim").read_text() == "" and result.skipped.startswith("too much dirty")
 
 
 def test_v1_at_the_deadline_writes_nothing(tmp_path: Path) -> None:
@@ -54,6 +62,7 @@ def test_v2_asks_in_chunks_and_stops_when_the_kernel_cannot_give_more(tmp_path: 
     cg = tmp_path / "cg"
     cg.mkdir()
     (cg / "memory.current").write_text(f"{40 << 20}\n")
+    (cg / "memory.stat").write_text(f"anon 0\nfile {40 << 20}\nfile_dirty 0\nfile_writeback 0\n")
     (cg / "memory.reclaim").write_text("")
     result = reclaim.reclaim(str(cg), deadline=float("inf"))
     assert (cg / "memory.reclaim").read_text() == str(reclaim.CHUNK)

@@ -13,10 +13,14 @@ container that wrote a file which outlives it (a log in an ``emptyDir`` or a
   write per CHUNK, so a deadline bounds it.
 - v1: ``memory.force_empty`` reclaims everything charged and blocks until it
   has, or until 16 retries fail (mem_cgroup_force_empty): it cannot be bounded
-  from outside, so it runs only on a charge with little of it dirty: dropping
-  clean page cache is cheap, writeback is what makes it slow (measured here:
-  64 MiB clean 6.6 ms, 8 MiB dirty 7.2 ms, 64 MiB dirty 51 ms; a node's
-  network disk writes back slower).
+  from outside.
+
+Both run only on a charge of at most MAX_CHARGE with at most MAX_DIRTY dirty or
+under writeback: dropping clean page cache is cheap, writeback is what makes it
+slow (measured here, v1: 64 MiB clean 6.6 ms, 8 MiB dirty 7.2 ms, 64 MiB dirty
+51 ms; a node's network disk writes back slower). A larger or dirtier cache is
+left as the runtime alone leaves it, rather than cost the reply a budget spent
+in vain.
 
 Only the caller's path is written, never a parent: reclaiming a pod's or QoS
 cgroup would evict a running sibling's cache. The caller proves the path is the
@@ -42,10 +46,11 @@ DELETE_BUDGET = 0.1
 SWEEP_BUDGET = 1.0
 #: One ``memory.reclaim`` write asks for at most this much (v2).
 CHUNK = 16 << 20
-#: v1's force_empty is all or nothing: only for a charge this small ...
-V1_MAX_CHARGE = 128 << 20
+#: Reclaimed only when at most this much is charged ... (v1's force_empty is all or nothing, and a
+#: v2 reclaim that gives up at its budget would have cost the reply that time for nothing)
+MAX_CHARGE = 128 << 20
 #: ... of which at most this much is dirty or under writeback (memory.stat).
-V1_MAX_DIRTY = 4 << 20
+MAX_DIRTY = 4 << 20
 
 #: Above this share of time some task stalled on I/O (PSI, /proc/pressure/io ``some avg10``, %),
 #: reclaim would add writeback to a node already waiting on its disk: the memcg is left as it is.
@@ -101,12 +106,16 @@ def _name(code: int) -> str:
     return errno.errorcode.get(code, str(code))
 
 
-def _v1_dirty(path: str) -> int | None:
-    """Dirty and writeback bytes of a v1 memcg (memory.stat's own, not hierarchical, lines)."""
+#: memory.stat's dirty and writeback lines: v1's own (not its total_ ones), v2's file_ ones.
+_DIRTY_KEYS = {V1: (b"dirty", b"writeback"), V2: (b"file_dirty", b"file_writeback")}
+
+
+def _dirty(path: str, method: str) -> int | None:
+    """Dirty and writeback bytes charged to the memcg at ``path``; None when memory.stat is unreadable."""
     try:
         with open(os.path.join(path, "memory.stat"), "rb") as f:
             stat = dict(line.split()[:2] for line in f.read().splitlines() if line.count(b" ") >= 1)
-        return int(stat.get(b"dirty", b"0")) + int(stat.get(b"writeback", b"0"))
+        return sum(int(stat.get(key, b"0")) for key in _DIRTY_KEYS[method])
     except (OSError, ValueError):
         return None
 
@@ -149,6 +158,11 @@ def reclaim(
     stalled = io_pressure(pressure)
     if stalled is not None and stalled > IO_PRESSURE_MAX:
         return Reclaim(before, before, method, skipped=f"I/O pressure (some avg10 {stalled:.0f}%)")
+    if before > MAX_CHARGE:
+        return Reclaim(before, before, method, skipped="charge too large to reclaim on the reply's time")
+    dirty = _dirty(path, method)
+    if dirty is None or dirty > MAX_DIRTY:
+        return Reclaim(before, before, method, skipped="too much dirty (writeback would block)")
     if method == V2:
         return _reclaim_v2(path, before, deadline, clock)
     return _reclaim_v1(path, before, deadline, clock)
@@ -175,11 +189,6 @@ def _reclaim_v2(path: str, before: int, deadline: float, clock: Callable[[], flo
 
 
 def _reclaim_v1(path: str, before: int, deadline: float, clock: Callable[[], float]) -> Reclaim:
-    if before > V1_MAX_CHARGE:
-        return Reclaim(before, before, V1, skipped="charge too large to reclaim on the reply's time")
-    dirty = _v1_dirty(path)
-    if dirty is None or dirty > V1_MAX_DIRTY:
-        return Reclaim(before, before, V1, skipped="too much dirty (writeback would block)")
     if clock() >= deadline:
         return Reclaim(before, before, V1, skipped="deadline")
     failed = _write(os.path.join(path, "memory.force_empty"), b"0")
