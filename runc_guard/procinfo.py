@@ -172,3 +172,19 @@ def deadline_origin(proc: str = "/proc") -> float | None:
         return own
     shim = started_monotonic(parent, proc)
     return shim if own is None else min(own, shim if shim is not None else own)
+
+
+def unescape_mountinfo(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal ``\\NNN``."""
+    if "\\" not in field:
+        return field
+    out = []
+    i = 0
+    while i < len(field):
+        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)

@@ -567,6 +567,17 @@ def installed_deb(deb: str) -> Iterator[str]:
                        capture_output=True, timeout=600, check=False)
 
 
+@pytest.mark.host_install
+def test_installed_deb_enables_the_sweep_and_audit_timers(installed_deb: str) -> None:
+    """Without its timers /run fills with what nobody prunes or rotates, and leaks wait for nobody:
+    the first install enables both (offline here: PID 1 is no systemd, so symlinks are the proof)."""
+    wants = "/etc/systemd/system/timers.target.wants"
+    for timer in ("runc-guard-sweep.timer", "runc-guard-audit.timer"):
+        link = os.path.join(wants, timer)
+        assert os.path.islink(link), f"{timer} not enabled"
+        assert os.path.realpath(link) == os.path.realpath(f"/lib/systemd/system/{timer}")
+
+
 @pytest.mark.kernel
 @pytest.mark.host_install
 def test_installed_deb_removes_cgroups_on_a_slow_delete(installed_deb: str, tmp_path: Any) -> None:

@@ -77,3 +77,13 @@ def test_a_read_error_is_unknown_and_an_exiting_init_is_dead_for_the_delete_only
     proc = _fake_proc(tmp_path, 42, exiting)
     assert init_liveness(42, 7, proc) == DEAD
     assert init_liveness(42, 7, proc, exiting_is_dead=False) == ALIVE
+
+
+def test_unescape_mountinfo_decodes_octal_escapes_to_the_last_character() -> None:
+    """mountinfo writes space, tab, newline and backslash as \\NNN; one at the very end is decoded too."""
+    from runc_guard.procinfo import unescape_mountinfo
+
+    assert unescape_mountinfo("/sys/fs/cgroup") == "/sys/fs/cgroup"
+    assert unescape_mountinfo("/a\\040b\\011c") == "/a b\tc"
+    assert unescape_mountinfo("/ends in\\040") == "/ends in "
+    assert unescape_mountinfo("/not\\04") == "/not\\04"

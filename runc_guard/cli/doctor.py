@@ -178,6 +178,12 @@ KERNEL_FEATURES = (
         "no dying-cgroup gauge (v1: /proc/cgroups counts only)",
     ),
     KernelFeature(
+        "memcg reclaim", "5.19 (v2 memory.reclaim; v1 memory.force_empty)",
+        "delete: reclaim a container's empty memory cgroup before its rmdir, so the kernel frees it",
+        "memory cgroups are removed with their page cache still charged and stay dying, as with the"
+        " runtime alone (runc_guard_memcg_left_charged_total counts them)",
+    ),
+    KernelFeature(
         "PSI", "4.20 (CONFIG_PSI, not psi=0)",
         "sweep --pacing adaptive: /proc/pressure stall shares",
         "the pace follows the canary, rmdir latency and sys% only",
@@ -241,6 +247,33 @@ def _v2_child(mounts: dict[str, str]) -> str | None:
     return None
 
 
+def _memcg_reclaim(mounts: dict[str, str], release: str) -> tuple[bool | None, str]:
+    """Can this kernel reclaim a memory cgroup on demand (delete.reclaim)? v1 always; v2 since 5.19."""
+    for mount, fstype in sorted(mounts.items()):
+        if fstype == "cgroup" and os.path.exists(os.path.join(mount, "memory.force_empty")):
+            return True, f"memory.force_empty in {mount} (cgroup v1)"
+    for mount, fstype in sorted(mounts.items()):
+        if fstype != "cgroup2":
+            continue
+        try:
+            with open(os.path.join(mount, "cgroup.controllers")) as f:
+                controllers = f.read().split()
+        except OSError:
+            controllers = []
+        if "memory" not in controllers:
+            continue
+        try:
+            with os.scandir(mount) as it:
+                child = next((e.path for e in it if e.is_dir(follow_symlinks=False)
+                              and os.path.exists(os.path.join(e.path, "memory.current"))), None)
+        except OSError:
+            child = None
+        if child is not None:
+            return os.path.exists(os.path.join(child, "memory.reclaim")), f"in {child}"
+        return kernel_at_least("5.19", release), f"by kernel version {release}"
+    return False, "no memory controller mounted"
+
+
 def kernel_report(
     mounts: dict[str, str], pressure_dir: str = "/proc/pressure", release: str | None = None
 ) -> tuple[list[dict[str, Any]], list[str]]:
@@ -257,6 +290,7 @@ def kernel_report(
         "pidfd_open": _probe(_pidfd_open_self),
         "pidfd_send_signal": _probe(_pidfd_send_signal_self),
         "PSI": (os.path.exists(os.path.join(pressure_dir, "cpu")), ""),
+        "memcg reclaim": _memcg_reclaim(mounts, release),
     }
     for feature in KERNEL_FEATURES:
         if feature.name.startswith("cgroup."):

@@ -31,6 +31,7 @@ from runc_guard import cjson
 from runc_guard.atomic import append_line
 from runc_guard.delete import runclog
 from runc_guard.delete.aside import write_aside
+from runc_guard.delete.bounds import STATS_CAP_BYTES
 from runc_guard.delete.cgroupfs import FALLBACKS, CgroupFsOps, RealCgroupFs, cgroup_mounts
 from runc_guard.delete.cleanup import (
     CgroupBusy,
@@ -51,6 +52,7 @@ from runc_guard.delete.pending import (
     remove_record,
     write_record,
 )
+from runc_guard.delete.reclaim import DELETE_BUDGET as RECLAIM_BUDGET
 from runc_guard.delete.report import EventLog, deliver, detach_finisher
 from runc_guard.delete.runtime_child import RuntimeRun, run_runtime_child
 from runc_guard.delete.state import (
@@ -181,6 +183,8 @@ class DeleteRun:
         self.record: str | None = None
         #: The container's cgroup directories, once read from its state.
         self.paths: list[str] = []
+        #: Of those, the v1 freezers already frozen when this delete began (a paused container).
+        self.paused: frozenset[str] = frozenset()
         #: (pid, start) of an init alive when a ``delete --force`` began: the deadline's kill.
         self.live_init: tuple[int, int] | None = None
         #: The sandbox whose delete runs this one (a CRI sandbox's dead sibling), if any.
@@ -325,19 +329,19 @@ class DeleteRun:
         a crash storm: ``sleep`` in state D, in every hierarchy, for good). Thawing
         is what runc itself would have done next; only a path of this container's
         own (``self.paths``, proven at the start) is written, and only where the
-        v1 freezer says FROZEN or FREEZING.
+        v1 freezer says FROZEN or FREEZING now but did not when the delete began:
+        a container paused before (``runc pause``) stays paused, as the runtime
+        alone leaves it, and containerd still believes.
         """
         for path in self.paths:
-            state_file = os.path.join(path, "freezer.state")
+            if path in self.paused or _freezer_frozen(path) is not True:
+                continue  # paused by its owner, not by the runtime's destroy; or no v1 freezer, or gone
             try:
-                with open(state_file, "rb") as f:
-                    frozen = f.read().strip() in (b"FROZEN", b"FREEZING")
-                if frozen:
-                    with open(state_file, "wb") as f:
-                        f.write(b"THAWED")
-                    self.canonical.setdefault("thawed", []).append(path)
+                with open(os.path.join(path, "freezer.state"), "wb") as f:
+                    f.write(b"THAWED")
             except OSError:
-                continue  # not a v1 freezer cgroup, or gone
+                continue
+            self.canonical.setdefault("thawed", []).append(path)
 
     def _without_state(self, reason: str) -> None:
         """No state: finish a pending record if one is left, else this is a plain passthrough."""
@@ -389,6 +393,7 @@ class DeleteRun:
             ) from None
         self.canonical["cgroup_paths"] = ownership.paths
         self.paths = ownership.paths
+        self.paused = frozenset(p for p in ownership.paths if _freezer_frozen(p))
         if ownership.step_aside is not None:
             self._step_aside(ownership.step_aside, None)
         with self._claim() as held:
@@ -602,6 +607,7 @@ class DeleteRun:
                 remove=remove,
                 watch_foreign=watch_foreign,
                 clock=self.clock,
+                reclaim_budget=RECLAIM_BUDGET,
             )
         except CgroupBusy as exc:
             self._account(exc.report)
@@ -624,6 +630,12 @@ class DeleteRun:
             set(self.canonical["stragglers_killed"]) | set(report.killed)
         )
         self.canonical["removed"] += len(report.removed)
+        if report.reclaimed:
+            self.canonical["memcg_reclaimed_kb"] = self.canonical.get("memcg_reclaimed_kb", 0) + (
+                report.reclaimed >> 10
+            )
+        if report.unreclaimed:
+            self.canonical.setdefault("memcg_unreclaimed", {}).update(report.unreclaimed)
 
     def _write_record(self, state: ContainerState, paths: list[str]) -> str | None:
         record = PendingRecord(
@@ -728,6 +740,15 @@ def _level(end: Outcome) -> str:
     return "warning" if end.outcome in WARNING_OUTCOMES else "info"
 
 
+def _freezer_frozen(path: str) -> bool | None:
+    """Does the v1 freezer at ``path`` say FROZEN or FREEZING? None: no freezer there (or gone)."""
+    try:
+        with open(os.path.join(path, "freezer.state"), "rb") as f:
+            return f.read().strip() in (b"FROZEN", b"FREEZING")
+    except OSError:
+        return None
+
+
 def _state_ids(root: str) -> list[str]:
     try:
         return sorted(os.listdir(root))
@@ -784,9 +805,12 @@ def append_stats(stats_file: str, outcome: str, entry: Mapping[str, Any], contai
             # wall time from the process's start (or containerd's budget's), and the runtime's share
             "total_ms": entry.get("total_ms", 0),
             "runtime_ms": entry.get("runtime_ms", 0),
+            # memory cgroups: KiB reclaimed before their rmdir, and how many were left charged (dying)
+            "reclaimed_kb": entry.get("memcg_reclaimed_kb", 0),
+            "memcg_left": len(entry.get("memcg_unreclaimed", ())),
         }
     )
-    append_line(stats_file, line + "\n", make_dirs=True)
+    append_line(stats_file, line + "\n", make_dirs=True, rotate_at=STATS_CAP_BYTES)
 
 
 def run_delete(
