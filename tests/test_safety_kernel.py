@@ -383,6 +383,61 @@ def test_broken_toml_routes_by_last_good_copy_or_fails(shim_binary: str, tmp_pat
     )
 
 
+def test_last_good_routing_survives_a_reboot(shim_binary: str, python_entry: str, tmp_path: Any) -> None:
+    """Issue 30 case 2: the last good routing is persistent (the state directory, not /run). A good
+    file, one call, then a syntax error and /run emptied as a reboot does: ``runc-guard --version``
+    (launcher and Python entry alike) still reaches the configured runtime, never plain runc. A node
+    that never saw a good version refuses every name (exit 78, one line) instead of running runc."""
+    tmp = str(tmp_path)
+    tools = os.path.join(tmp, "bin")
+    os.makedirs(tools)
+    calls = os.path.join(tmp, "calls")
+    tracer = _recording(os.path.join(tools, "gpu-runtime"), calls)
+    _recording(os.path.join(tools, "runc"), calls)  # plain runc on PATH: must never be reached
+    config = os.path.join(tmp, "config.toml")
+    run_dir = os.path.join(tmp, "run")  # the tmpfs a reboot empties
+    env = {
+        "PATH": f"{tools}:{os.environ['PATH']}",
+        "RUNC_GUARD_CONFIG": config,
+        "RUNC_GUARD_CACHE_DIR": run_dir,
+        "RUNC_GUARD_STATE_DIR": os.path.join(tmp, "var-lib"),
+        "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp, "no-journald"),
+    }
+
+    def call(binary: str, state: str = "var-lib") -> subprocess.CompletedProcess[str]:
+        return subprocess.run([binary, "--version"], capture_output=True, text=True, check=False, timeout=30,
+                              env={**env, "RUNC_GUARD_STATE_DIR": os.path.join(tmp, state)})
+
+    def routed() -> list[str]:
+        with contextlib.suppress(FileNotFoundError), open(calls) as f:
+            return f.read().splitlines()
+        return []
+
+    with open(config, "w") as f:
+        f.write(f'runtime = "{tracer}"\n')
+    assert call(shim_binary).returncode == 0
+    with open(config, "w") as f:
+        f.write(f'runtime = "{tracer}\n')  # the closing quote lost
+    state = os.stat(os.path.join(tmp, "var-lib"))
+    assert (state.st_uid, state.st_mode & 0o777) == (0, 0o700)
+    for binary in (shim_binary, python_entry, shim_binary):
+        subprocess.run(["rm", "-rf", run_dir], check=True)  # the reboot
+        proc = call(binary)
+        assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    assert routed() == ["gpu-runtime --version"] * 4
+    for binary in (shim_binary, python_entry):
+        subprocess.run(["rm", "-rf", run_dir], check=True)
+        fresh = call(binary, state="fresh-var-lib")
+        assert fresh.returncode == 78 and fresh.stderr.count("\n") == 1, fresh.stderr
+        assert "no last good routing for 'runc-guard" in fresh.stderr
+    assert routed() == ["gpu-runtime --version"] * 4, "plain runc must never be reached"
+    SUMMARY.append(
+        "issue 30 case 2 broken settings file after a reboot: stock n/a | "
+        "before: plain runc, exit 0, silent | "
+        "now: 3/3 calls routed by the persistent last good copy; no copy: exit 78, one line, runc never run"
+    )
+
+
 # -- case 5: no cgroupsPath, a caller whose cgroups differ per hierarchy ----------------------
 
 
