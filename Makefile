@@ -75,7 +75,8 @@ bench: deps venv
 clean:
 	rm -rf $(VENV) build dist *.egg-info
 
-# dist/runc-guard_<version>_all.deb for Debian 12 (dpkg-deb only; depends on Debian's python3-* libs).
+# dist/runc-guard_<version>_<arch>.deb for Debian 12 (dpkg-deb + gcc: the static launcher, then the
+# Python package on Debian's python3-* libs).
 .PHONY: deb single-file
 deb: venv
 	PYTHON=$(abspath $(PY)) packaging/build-deb.sh dist
