@@ -318,6 +318,7 @@ def fake_host(tmp_path: Any, shim_binary: str) -> dict[str, str]:
     payload = tmp_path / "payload"
     (payload / "opt/runc-guard/bin").mkdir(parents=True)
     shutil.copy2(shim_binary, payload / "opt/runc-guard/bin/runc-guard")
+    shutil.copy2(os.path.join(os.path.dirname(shim_binary), "runc-guard.py"), payload / "opt/runc-guard/bin")
     tools = tmp_path / "tools"
     tools.mkdir()
     restarts = tmp_path / "restarts"
