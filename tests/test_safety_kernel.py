@@ -698,11 +698,11 @@ needs_strace = prereq.needs(os.access(STRACE, os.X_OK), f"{STRACE} (apt-get inst
 
 
 @needs_strace
-def test_sigint_while_the_delete_path_loads_prints_no_traceback(shim_binary: str, tmp_path: Any) -> None:
+def test_sigint_while_the_delete_path_loads_prints_no_traceback(python_entry: str, tmp_path: Any) -> None:
     """Case 7: SIGINT right after the delete starts (while ``runc_guard.delete.run`` is imported): the
     shim's note-only handler holds it, the delete honours it first thing: exit 130, one line, no
     traceback, the runtime never ran."""
-    proc = sigint_while_importing(shim_binary, "runc_guard/delete/run.py", str(tmp_path))
+    proc = sigint_while_importing(python_entry, "runc_guard/delete/run.py", str(tmp_path))
     assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
     assert proc.returncode == 128 + signal.SIGINT, proc.stderr
     assert proc.stderr.count("\n") == 1 and "interrupted by SIGINT" in proc.stderr
@@ -712,8 +712,8 @@ def test_sigint_while_the_delete_path_loads_prints_no_traceback(shim_binary: str
 
 
 @needs_strace
-def test_sigint_while_the_shim_loads_prints_no_traceback(shim_binary: str, tmp_path: Any) -> None:
+def test_sigint_while_the_shim_loads_prints_no_traceback(python_entry: str, tmp_path: Any) -> None:
     """Case 7: SIGINT while the shim itself is imported (right after exec): no traceback, exit 130."""
-    proc = sigint_while_importing(shim_binary, "runc_guard/shim/entry.py", str(tmp_path))
+    proc = sigint_while_importing(python_entry, "runc_guard/shim/entry.py", str(tmp_path))
     assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
     assert proc.returncode == 128 + signal.SIGINT, proc.stderr
