@@ -16,7 +16,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -311,17 +311,30 @@ def _recording(path: str, log: str) -> str:
     return script(path, f'echo "$(basename $0) $*" >> {log}')
 
 
+def _runtime_and_plain_runc(tmp: str, name: str) -> tuple[str, str, Callable[[], list[str]]]:
+    """A PATH directory with runtime ``name`` and a plain ``runc`` that must never be reached, both
+    recording their calls: (the directory, the runtime's path, the calls so far)."""
+    tools = os.path.join(tmp, "bin")
+    os.makedirs(tools)
+    calls = os.path.join(tmp, "calls")
+    runtime = _recording(os.path.join(tools, name), calls)
+    _recording(os.path.join(tools, "runc"), calls)
+
+    def routed() -> list[str]:
+        with contextlib.suppress(FileNotFoundError), open(calls) as f:
+            return f.read().splitlines()
+        return []
+
+    return tools, runtime, routed
+
+
 def test_broken_toml_routes_by_last_good_copy_or_fails(shim_binary: str, tmp_path: Any) -> None:
     """Case 4: after the settings file breaks (TOML syntax error), ``runc-guard-nvidia`` still reaches
     the nvidia-side runtime through the last good routing; the problem reaches the journal once per
     version of the file, not per call. With no last good copy the call fails with exit 78 and a clear
     line, and never reaches plain runc."""
     tmp = str(tmp_path)
-    tools = os.path.join(tmp, "bin")
-    os.makedirs(tools)
-    calls = os.path.join(tmp, "calls")
-    nvidia = _recording(os.path.join(tools, "nvidia-container-runtime"), calls)
-    _recording(os.path.join(tools, "runc"), calls)  # plain runc on PATH: must never be reached
+    tools, nvidia, routed = _runtime_and_plain_runc(tmp, "nvidia-container-runtime")
     invoked = os.path.join(tools, "runc-guard-nvidia")
     os.symlink(shim_binary, invoked)
     config = os.path.join(tmp, "config.toml")
@@ -344,11 +357,6 @@ def test_broken_toml_routes_by_last_good_copy_or_fails(shim_binary: str, tmp_pat
             check=False,
             timeout=30,
         )
-
-    def routed() -> list[str]:
-        with contextlib.suppress(FileNotFoundError), open(calls) as f:
-            return f.read().splitlines()
-        return []
 
     try:
         with open(config, "w") as f:
@@ -389,11 +397,7 @@ def test_last_good_routing_survives_a_reboot(shim_binary: str, python_entry: str
     (launcher and Python entry alike) still reaches the configured runtime, never plain runc. A node
     that never saw a good version refuses every name (exit 78, one line) instead of running runc."""
     tmp = str(tmp_path)
-    tools = os.path.join(tmp, "bin")
-    os.makedirs(tools)
-    calls = os.path.join(tmp, "calls")
-    tracer = _recording(os.path.join(tools, "gpu-runtime"), calls)
-    _recording(os.path.join(tools, "runc"), calls)  # plain runc on PATH: must never be reached
+    tools, tracer, routed = _runtime_and_plain_runc(tmp, "gpu-runtime")
     config = os.path.join(tmp, "config.toml")
     run_dir = os.path.join(tmp, "run")  # the tmpfs a reboot empties
     env = {
@@ -407,11 +411,6 @@ def test_last_good_routing_survives_a_reboot(shim_binary: str, python_entry: str
     def call(binary: str, state: str = "var-lib") -> subprocess.CompletedProcess[str]:
         return subprocess.run([binary, "--version"], capture_output=True, text=True, check=False, timeout=30,
                               env={**env, "RUNC_GUARD_STATE_DIR": os.path.join(tmp, state)})
-
-    def routed() -> list[str]:
-        with contextlib.suppress(FileNotFoundError), open(calls) as f:
-            return f.read().splitlines()
-        return []
 
     with open(config, "w") as f:
         f.write(f'runtime = "{tracer}"\n')
