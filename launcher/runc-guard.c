@@ -18,8 +18,9 @@
  * It is bound to the settings file's identity (dev, ino, size, mtime_ns,
  * ctime_ns: ctime cannot be set from user space, so an edit always misses).
  * The launcher distrusts it, and hands the call to the Python entry, when:
- * RUNC_GUARD_RUNTIME or RUNC_GUARD_RUNTIMES is set (any delete also with
- * RUNC_GUARD_PENDING_DIR or RUNC_GUARD_LOG_LEVEL); the settings file cannot be
+ * RUNC_GUARD_RUNTIME or RUNC_GUARD_RUNTIMES is set (a delete also with a
+ * RUNC_GUARD_PENDING_DIR that is not absolute or a RUNC_GUARD_LOG_LEVEL that is
+ * not a level: settings.py would not take them); the settings file cannot be
  * stat'ed; the cache is missing, not owned by the euid, writable by group or
  * others (file or directory), a symlink, corrupt, truncated, over-long, of
  * another version, for another settings path, or of another identity; the
@@ -592,23 +593,39 @@ static void exec_python(char **argv, const char *invoked, const char *self_path,
 	bail(code, "%s; cannot exec the Python entry %s: %m", why, entry);
 }
 
-/* The first RUNC_GUARD_* variable that routes (names: settings.py Settings._compared). */
-static const char *routing_variable(int is_delete)
+/* Is a RUNC_GUARD_* variable that names the runtime set (names: settings.py Settings._compared)? */
+static int runtime_variable(void)
 {
-	static const char *const always[] = {"RUNC_GUARD_RUNTIME=", "RUNC_GUARD_RUNTIMES=", NULL};
-	static const char *const deletes[] = {"RUNC_GUARD_PENDING_DIR=", "RUNC_GUARD_LOG_LEVEL=", NULL};
+	for (char **e = environ; *e; e++)
+		if (strncmp(*e, "RUNC_GUARD_RUNTIME=", 19) == 0 || strncmp(*e, "RUNC_GUARD_RUNTIMES=", 20) == 0)
+			return 1;
+	return 0;
+}
 
-	for (char **e = environ; *e; e++) {
-		if (strncmp(*e, "RUNC_GUARD_", 11) != 0)
-			continue;
-		for (int i = 0; always[i]; i++)
-			if (strncmp(*e, always[i], strlen(always[i])) == 0)
-				return always[i];
-		for (int i = 0; is_delete && deletes[i]; i++)
-			if (strncmp(*e, deletes[i], strlen(deletes[i])) == 0)
-				return deletes[i];
+/*
+ * RUNC_GUARD_PENDING_DIR and RUNC_GUARD_LOG_LEVEL win over the file, as in settings.py,
+ * where they decide whether a delete is known. -1: a value settings.py would refuse (and so
+ * keep the file's): the Python entry decides.
+ */
+static int delete_variables(struct routes *r)
+{
+	static const char *const levels[] = {"info", "warning", "error", NULL};
+	const char *pending = env_value("RUNC_GUARD_PENDING_DIR="), *level = env_value("RUNC_GUARD_LOG_LEVEL=");
+	int known = 0;
+
+	if (pending) {
+		if (pending[0] != '/')
+			return -1;
+		r->pending_dir = pending;
 	}
-	return NULL;
+	if (level) {
+		for (int i = 0; levels[i]; i++)
+			known |= lower_is(level, levels[i]);
+		if (!known && !lower_is(level, "debug"))
+			return -1;
+		r->debug = !known;
+	}
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -630,8 +647,8 @@ int main(int argc, char **argv)
 	self_path[len] = '\0';
 
 	parse(argv + 1, &inv);
-	if (routing_variable(inv.is_delete))
-		exec_python(argv, invoked, self_path, EXIT_CONFIG, "a RUNC_GUARD_* variable routes this call");
+	if (runtime_variable())
+		exec_python(argv, invoked, self_path, EXIT_CONFIG, "RUNC_GUARD_RUNTIME(S) routes this call");
 
 	config = env_value("RUNC_GUARD_CONFIG=");
 	config = config ? config : DEFAULT_CONFIG;
@@ -660,6 +677,8 @@ int main(int argc, char **argv)
 		exec_python(argv, invoked, self_path, EXIT_CONFIG, "an invoked name the routing does not map");
 	if (resolve_runtime(runtime, &self, runtime_path, sizeof(runtime_path)) != 0)
 		exec_python(argv, invoked, self_path, EXIT_RUNTIME_UNAVAILABLE, "the runtime cannot be found");
+	if (inv.is_delete && delete_variables(&routes) != 0)
+		exec_python(argv, invoked, self_path, EXIT_CONFIG, "a RUNC_GUARD_* variable settings.py refuses");
 	if (inv.is_delete && known_to_anyone(&inv, &routes))
 		exec_python(argv, invoked, self_path, EXIT_RUNTIME_UNAVAILABLE, "a delete to interpose");
 	exec_runtime(runtime_path, argv);

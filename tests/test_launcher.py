@@ -190,28 +190,42 @@ def test_settings_edit_takes_effect_on_the_next_call(node: Node) -> None:
 
 
 @pytest.mark.parametrize(
-    ("variable", "args", "routes"),
+    ("variables", "args", "routes"),
     [
-        ("RUNC_GUARD_RUNTIME", ["state", "c1"], True),
-        ("RUNC_GUARD_RUNTIMES", ["state", "c1"], True),
-        ("RUNC_GUARD_PENDING_DIR", ["delete", "c1"], True),
-        ("RUNC_GUARD_LOG_LEVEL", ["delete", "c1"], True),
-        ("RUNC_GUARD_PENDING_DIR", ["state", "c1"], False),
-        ("RUNC_GUARD_DELETE_TIMEOUT", ["delete", "c1"], False),
+        ({"RUNC_GUARD_RUNTIME": "a"}, ["state", "c1"], True),
+        ({"RUNC_GUARD_RUNTIMES": "other=b"}, ["state", "c1"], True),
+        ({"RUNC_GUARD_PENDING_DIR": "relative/pending"}, ["delete", "c1"], True),
+        ({"RUNC_GUARD_LOG_LEVEL": "Debug"}, ["delete", "c1"], True),
+        ({"RUNC_GUARD_LOG_LEVEL": "loud"}, ["delete", "c1"], True),
+        ({"RUNC_GUARD_PENDING_DIR": "/elsewhere", "RUNC_GUARD_LOG_LEVEL": "WARNING"}, ["delete", "c1"],
+         False),
+        ({"RUNC_GUARD_PENDING_DIR": "relative/pending"}, ["state", "c1"], False),
+        ({"RUNC_GUARD_DELETE_TIMEOUT": "3", "RUNC_GUARD_TEST_RUNTIMES": "/x"}, ["delete", "c1"], False),
     ],
 )
-def test_routing_variables_go_to_python(node: Node, variable: str, args: list[str], routes: bool) -> None:
-    """A RUNC_GUARD_* variable that routes this call: the Python entry decides; others do not matter."""
+def test_routing_variables(node: Node, variables: dict[str, str], args: list[str], routes: bool) -> None:
+    """RUNC_GUARD_RUNTIME(S), or a delete's pending dir or log level that settings.py would refuse or
+    that makes every delete known (debug): the Python entry decides. Valid ones the launcher applies
+    itself; the rest do not route."""
     warm(node)
-    values = {
-        "RUNC_GUARD_RUNTIME": node.runtime("a"),
-        "RUNC_GUARD_RUNTIMES": f"other={node.runtime('b')}",
-        "RUNC_GUARD_PENDING_DIR": node.pending,
-        "RUNC_GUARD_LOG_LEVEL": "info",
-        "RUNC_GUARD_DELETE_TIMEOUT": "3",
-    }
-    status, execs, _ = node.call(["--root", node.root, *args], **{variable: values[variable]})
-    assert (status, execs) == (0, PYTHON if routes else DIRECT)
+    values = {k: node.runtime(v) if k == "RUNC_GUARD_RUNTIME" else v for k, v in variables.items()}
+    if "RUNC_GUARD_RUNTIMES" in values:
+        values["RUNC_GUARD_RUNTIMES"] = f"other={node.runtime('b')}"
+    status, execs, _ = node.call(["--root", node.root, *args], **values)
+    # the delete path runs the runtime as a child: only the hand-over is an exec of this process
+    assert (status, execs[:1]) == (0, ["runc-guard.py"] if routes else DIRECT)
+
+
+def test_a_pending_dir_from_the_environment_is_where_records_are_looked_up(node: Node) -> None:
+    """RUNC_GUARD_PENDING_DIR wins over the file's pending_dir, for the launcher as for settings.py."""
+    warm(node)
+    elsewhere = os.path.join(node.tmp, "elsewhere")
+    os.makedirs(elsewhere)
+    with open(os.path.join(elsewhere, "c1@0123456789ab.json"), "w"):
+        pass
+    delete = ["--root", node.root, "delete", "c1"]
+    assert node.call(delete)[:2] == (0, DIRECT)
+    assert node.call(delete, RUNC_GUARD_PENDING_DIR=elsewhere)[1][0] == "runc-guard.py"
 
 
 def test_invoked_names(node: Node) -> None:
