@@ -383,3 +383,16 @@ def test_the_hand_over_keeps_the_pid(node: Node) -> None:
     assert proc.wait(timeout=60) == 0
     with open(node.trace) as f:
         assert f"pid {proc.pid}\n" in f.readlines()
+
+
+def test_the_hand_over_names_the_invoked_name_and_the_launcher(tmp_path: os.PathLike[str]) -> None:
+    """RUNC_GUARD_HANDOVER=<name>/<path>: the name (no "/") and the launcher's path, taken out of the
+    environment; without it, this script's own argv[0]."""
+    import sys
+
+    from runc_guard.shim.entry import handed_over
+
+    env = {"RUNC_GUARD_HANDOVER": "runc-guard-nvidia//usr/bin/runc-guard", "OTHER": "x"}
+    assert handed_over(env) == ("runc-guard-nvidia", "/usr/bin/runc-guard")  # type: ignore[arg-type]
+    assert env == {"OTHER": "x"}
+    assert handed_over(env) == (os.path.basename(sys.argv[0]), sys.argv[0])  # type: ignore[arg-type]

@@ -164,9 +164,9 @@ def handed_over(environ: os._Environ[str]) -> tuple[str, str]:
     """
     handover = environ.pop("RUNC_GUARD_HANDOVER", None)
     if handover is not None:
-        name, sep, path = handover.partition("/")
+        name, sep, path = handover.partition("/")  # a name has no "/"; the path is the rest
         if sep and path:
-            return name, "/" + path
+            return name, path
     return os.path.basename(sys.argv[0]), sys.argv[0]
 
 
