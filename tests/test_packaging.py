@@ -140,6 +140,33 @@ def test_conffile_shows_the_real_defaults(tmp_path: Any) -> None:
     assert load_settings(env).as_dict() == defaults
 
 
+# -- pip install -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cc", "launcher"), [("gcc", True), ("/bin/false", False)], ids=["gcc", "no compiler"]
+)
+def test_pip_builds_the_launcher_where_a_compiler_exists(tmp_path: Any, cc: str, launcher: bool) -> None:
+    """The wheel's scripts: ``runc-guard`` is the launcher (an ELF) beside ``runc-guard.py``; without a
+    compiler it is the Python entry itself (pip rewrites its ``#!python`` line at install)."""
+    import zipfile
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+        shutil.copy2(os.path.join(REPO, name), src / name)
+    for name in ("runc_guard", "bin", "launcher"):
+        shutil.copytree(os.path.join(REPO, name), src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "wheel"), str(src)],
+        env={**os.environ, "CC": cc}, timeout=600)
+    (wheel,) = (tmp_path / "wheel").iterdir()
+    with zipfile.ZipFile(wheel) as zf:
+        scripts = {n.rpartition("/")[2]: zf.read(n) for n in zf.namelist() if "/scripts/" in n}
+    assert sorted(scripts) == ["runc-guard", "runc-guard.py"]
+    assert scripts["runc-guard.py"].startswith(b"#!python")
+    assert scripts["runc-guard"].startswith(b"\x7fELF" if launcher else b"#!python")
+
+
 # -- single file ---------------------------------------------------------------------------
 
 def _vendor_deps(target: str) -> None:
