@@ -29,9 +29,11 @@
  * With no settings file at all the defaults route (runc, default names only).
  *
  * The Python entry learns the invoked name and this binary's path from one
- * variable appended as the last entry of its environment,
- * RUNC_GUARD_HANDOVER=<invoked name>/<path of this binary>; it removes that
- * entry again before the runtime sees the environment.
+ * variable put in front of its environment, RUNC_GUARD_HANDOVER=<invoked
+ * name>/<path of this binary> (first, because CPython's os.environ keeps the
+ * first of two equal names: a caller's own variable of that name comes after it
+ * and reaches the runtime); the entry removes it before the runtime sees the
+ * environment.
  *
  * Never writes to stdout. Exit codes, its own (runc_guard/errors.py):
  *   69 (EXIT_RUNTIME_UNAVAILABLE)  neither the runtime nor the Python entry
@@ -561,7 +563,7 @@ static void exec_runtime(const char *path, char **argv)
 
 /*
  * Replace this process with the Python entry, the source of truth, telling it the invoked
- * name and this binary's path (the last environment entry, removed again by the entry).
+ * name and this binary's path (the first environment entry, removed again by the entry).
  * One allocation: the environment's size is the caller's, no stack buffer fits every one.
  */
 static void exec_python(char **argv, const char *invoked, const char *self_path, int code, const char *why)
@@ -585,8 +587,8 @@ static void exec_python(char **argv, const char *invoked, const char *self_path,
 	env = malloc((count + 2) * sizeof(*env));
 	if (env == NULL)
 		bail(code, "%s; cannot start the Python entry: %m", why);
-	memcpy(env, environ, count * sizeof(*env));
-	env[count] = handover;
+	env[0] = handover;
+	memcpy(env + 1, environ, count * sizeof(*env));
 	env[count + 1] = NULL;
 	argv[0] = entry;
 	execve(entry, argv, env);

@@ -355,6 +355,24 @@ def test_runtime_starts_exactly_as_alone(node: Node, python_entry: str, ignore: 
         os.close(w)
 
 
+def test_the_hand_over_leaves_no_trace_in_the_runtime(node: Node) -> None:
+    """Launcher -> Python entry -> runtime (RUNC_GUARD_RUNTIME makes the launcher hand over): the
+    runtime still starts exactly as alone, RUNC_GUARD_HANDOVER gone from its environment, even when
+    the caller had set a variable of that name itself."""
+    warm(node)
+    r, w = os.pipe()
+    try:
+        for extra in ({}, {"RUNC_GUARD_HANDOVER": "callers-own/value"}):
+            env = {**node.env(), "RUNC_GUARD_RUNTIME": node.runtime("a"), "TRACE_EXIT": "3", **extra}
+            caller = (signal.SIGINT,), (signal.SIGUSR2,)
+            for line in LINES:
+                alone = _trace(node, [node.runtime("a"), *line], env, *caller, w)
+                assert _trace(node, [node.launcher, *line], env, *caller, w) == alone, (line, extra)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 def test_an_ignored_sigpipe_is_kept_by_the_launcher_only(node: Node, python_entry: str) -> None:
     """CPython ignores SIGPIPE itself at start, so the Python entry restores the default (docs/launcher.md):
     a caller's ignored SIGPIPE reaches the runtime through the launcher, not through the Python entry."""

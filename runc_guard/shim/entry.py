@@ -158,9 +158,10 @@ def _routed_by_environment(settings: Settings, invoked_as: str, environ: os._Env
 def handed_over(environ: os._Environ[str]) -> tuple[str, str]:
     """(invoked name, path of the binary containerd ran): the launcher's, else this script's.
 
-    The launcher appends ``RUNC_GUARD_HANDOVER=<name>/<its path>`` (a name has no
-    ``/``); it is dropped here and from the runtime's environment
-    (runtime.inherited_environment), so nothing after this sees it.
+    The launcher puts ``RUNC_GUARD_HANDOVER=<name>/<its path>`` (a name has no ``/``)
+    first in the environment, and os.environ keeps the first of two equal names, so a
+    caller's own variable of that name cannot stand in for it. It is dropped here and
+    from the runtime's environment (runtime.inherited_environment).
     """
     handover = environ.pop("RUNC_GUARD_HANDOVER", None)
     if handover is not None:
