@@ -489,7 +489,7 @@ def _load(env: Mapping[str, str]) -> Settings:
     if routing_problem is not None:
         for key in ROUTING_KEYS:
             values.pop(key, None)
-        last = routes.last_good(state, path)
+        last = routes.last_good(state, path) or _previous_last_good(cache, path)
         if last is not None:
             kept, _ = _validated({k: v for k, v in last.items() if k in ROUTING_KEYS}, env, path)
             values.update({k: v for k, v in kept.items() if k in ROUTING_KEYS})
@@ -512,6 +512,31 @@ def _load(env: Mapping[str, str]) -> Settings:
         routing_problem=routing_problem,
         routing_from_last_good=from_last_good,
     )
+
+
+def _previous_last_good(cache: str, path: str) -> dict[str, object] | None:
+    """The last good routing as runc-guard kept it before the launcher: ``<cache>/routing<path>.last-good``.
+
+    A node upgraded while its settings file is broken has no persistent copy yet;
+    the one in /run (until the next reboot) still knows where its calls went, so
+    the upgrade does not turn every call into exit 78. ``marshal`` of a file that
+    is ours and writable by nobody else only (read_trusted), as the old writer wrote it.
+    """
+    blob = read_trusted(os.path.join(cache, "routing" + path.replace("/", "%") + ".last-good"), 1 << 20)
+    if blob is None:
+        return None
+    try:
+        kept_path, routing = marshal.loads(blob)
+    except (ValueError, EOFError, TypeError):
+        return None
+    if kept_path != path or not isinstance(routing, dict):
+        return None
+    runtime, table = routing.get("runtime", DEFAULT_RUNTIME), routing.get("runtimes", {})
+    if not isinstance(runtime, str) or not runtime or not isinstance(table, dict):
+        return None
+    if not all(isinstance(k, str) and isinstance(v, str) and v for k, v in table.items()):
+        return None
+    return {"runtime": runtime, "runtimes": dict(table)}
 
 
 def _keep_routes(state: str, path: str, identity: tuple[int, ...], raw: Mapping[str, object]) -> None:

@@ -81,3 +81,24 @@ def test_a_foreign_state_directory_is_never_written(tmp_path: os.PathLike[str]) 
     os.chmod(state_dir(env), 0o777)
     load(env)
     assert os.listdir(state_dir(env)) == []
+
+
+def test_an_upgrade_with_a_broken_file_routes_by_the_copy_in_run(tmp_path: os.PathLike[str]) -> None:
+    """A node upgraded while its settings file is broken has no persistent copy yet: the last good
+    routing the earlier runc-guard kept in its cache directory (/run) still routes it, not exit 78."""
+    import marshal
+
+    tmp = str(tmp_path)
+    env = env_for(tmp, "runtime = [\n")  # a syntax error
+    config = env["RUNC_GUARD_CONFIG"]
+    cache = env["RUNC_GUARD_CACHE_DIR"]
+    os.makedirs(cache, mode=0o700)
+    previous = os.path.join(cache, "routing" + config.replace("/", "%") + ".last-good")
+    with open(previous, "wb") as f:
+        f.write(marshal.dumps((config, {"runtime": "crun", "runtimes": {"runc-guard-nvidia": "nvidia"}})))
+    os.chmod(previous, 0o600)
+    settings = load(env)
+    assert settings.routing_from_last_good and settings.runtime == "crun"
+    assert settings.runtime_for("runc-guard-nvidia") == "nvidia"
+    os.chmod(previous, 0o666)  # writable by others: never unmarshalled
+    assert not load(env).routing_from_last_good
