@@ -251,8 +251,9 @@ class HostCgroups:
 # -- the machine ----------------------------------------------------------------------
 
 
-LAUNCHER = f"""#!/usr/bin/python3
-# runc-guard from the read-only checkout, under the machine's own python3.
+PY_ENTRY = f"""#!/usr/bin/python3
+# runc-guard's Python entry from the read-only checkout, under the machine's own python3
+# (the compiled launcher beside it, rg-bin/runc-guard, hands it what it does not route).
 import sys
 sys.path.insert(0, {GUARD_SRC!r})
 from runc_guard.shim.entry import main
@@ -302,7 +303,10 @@ def _prepare_binds(workdir: str) -> list[str]:
     )
     _write(os.path.join(workdir, "containerd", "config.toml"), CONTAINERD_CONFIG)
     bindir = os.path.join(workdir, "rg-bin")
-    _write(os.path.join(bindir, "runc-guard"), LAUNCHER, 0o755)
+    _write(os.path.join(bindir, "runc-guard.py"), PY_ENTRY, 0o755)
+    # The launcher, as every install path builds it (static: it runs in the machine's root).
+    subprocess.run([os.path.join(CHECKOUT, "launcher", "build.sh"), os.path.join(bindir, "runc-guard")],
+                   check=True, timeout=120)
     _write(os.path.join(bindir, "runc-guardctl"), CTL_LAUNCHER, 0o755)
     os.symlink("runc-guard", os.path.join(bindir, "runc-guard-134"))
     _write(

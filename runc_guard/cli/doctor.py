@@ -70,6 +70,25 @@ def cgroup_driver_report(containerd_config: str, runtime_root: str) -> tuple[dic
     return report, problems
 
 
+LAUNCHER, PYTHON_ENTRY = "launcher", "python entry"
+
+
+def front_door(binary: str) -> str:
+    """Which runc-guard ``binary`` is: the compiled launcher (an ELF) or the Python entry (a script).
+
+    Both are complete BinaryNames; the Python entry costs an interpreter start on
+    every runtime call (docs/launcher.md).
+    """
+    try:
+        with open(binary, "rb") as f:
+            head = f.read(4)
+    except OSError as exc:
+        return f"unknown ({exc.strerror})"
+    if head == b"\x7fELF":
+        return LAUNCHER
+    return PYTHON_ENTRY if head[:2] in (b"#!", b"PK") else "unknown (neither ELF nor a script)"
+
+
 def handler_routes(containerd_config: str, invoked_shim: str) -> tuple[dict[str, Any], list[str]]:
     """Per CRI handler of the effective config (imports merged): what containerd will run.
 
@@ -94,6 +113,7 @@ def handler_routes(containerd_config: str, invoked_shim: str) -> tuple[dict[str,
         if h.frontable:
             route["shim_runs"] = h.runs
             if cc.is_runc_guard(h.runs, invoked_shim):
+                route["front_door"] = front_door(h.runs)
                 invoked = os.path.basename(h.runs)
                 unmapped = unmapped_problem(settings, invoked)
                 if unmapped is not None:  # the shim fails such calls with 78: pods there cannot start
@@ -129,7 +149,7 @@ def route_lines(report: dict[str, Any]) -> list[str]:
         if route["shim_runs"] is None:
             chain = "not a runc shim: left to its own runtime"
         elif "runc_guard_runs" in route:
-            chain = f"{route['shim_runs']} -> {route['runc_guard_runs']}"
+            chain = f"{route['shim_runs']} ({route.get('front_door', '?')}) -> {route['runc_guard_runs']}"
         else:
             chain = f"{route['shim_runs']} (no runc-guard)"
         lines.append(f"  handler {name}{legacy}: {route['runtime_type'] or '-'}: {chain}")
@@ -337,7 +357,8 @@ def diagnose(
 ) -> tuple[dict[str, Any], list[str]]:
     """Facts about this node's runc-guard and a list of problems found (empty when healthy)."""
     problems: list[str] = []
-    report: dict[str, Any] = {"config_file": config_path(os.environ), "invoked_as": invoked_as}
+    report: dict[str, Any] = {"config_file": config_path(os.environ), "invoked_as": invoked_as,
+                              "front_door": front_door(installed_shim())}
     try:
         settings = load_settings()
         report["settings"] = settings.as_dict()
@@ -418,6 +439,7 @@ def doctor(invoked_as: str, containerd_config: str, runtime_root: str, fmt: str)
     else:
         click.echo(f"settings:       {report.get('settings_source', report['config_file'])}")
         click.echo(f"runtime:        {report.get('runtime', '-')}")
+        click.echo(f"front door:     {report['front_door']} ({installed_shim()})")
         click.echo(f"runtime version: {report.get('runtime_version', '-')}")
         click.echo(f"journald:       {'yes' if report.get('journald') else 'no'}")
         for key, value in sorted(report.get("settings", {}).items()):
