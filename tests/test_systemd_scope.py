@@ -587,3 +587,30 @@ def test_audit_judges_a_failed_scope_of_a_gone_container_a_problem() -> None:
     report.failed_scopes.append({"id": ID_GONE, "action": "would_reset_failed", "unit": "v"})
     assert judge(report, 0, 1800.0) == NPD_PROBLEM
     assert "1 failed scope unit(s) of gone containers" in report.message
+
+
+@pytest.mark.parametrize(
+    ("st", "empty", "action"),
+    [
+        (status(), True, ss.NOTHING),
+        (status(sub="abandoned"), False, ss.NOTHING),
+        (status(active="activating", sub="start"), False, ss.NOTHING),
+        (status(active="deactivating", sub="stop-sigterm"), False, ss.WAIT),
+        (status(active="failed", sub="failed"), False, ss.WAIT),
+        (status(active="failed", sub="failed"), True, ss.RESET),
+        (status("not-found", "inactive", "dead"), True, ss.NOTHING),
+    ],
+)
+def test_decide_without_stop_never_stops(st: ss.UnitStatus, empty: bool, action: str) -> None:
+    """``stop_active=False`` (the delete, issue 30 case 10): never a stop; a failed unit reset once empty."""
+    assert ss.decide(st, empty, stop_active=False) == action
+
+
+def test_settle_without_stop_leaves_an_active_scope(fake: FakeSystemd) -> None:
+    """An active unit is left as it is (``left_active``): no stop job that could end in Result=timeout."""
+    result = ss.settle("u.scope", lambda: False, soon(), stop_active=False)
+    assert result.outcome == ss.LEFT_ACTIVE
+    assert fake.verbs() == []
+    fake.active = fake.sub = "failed"
+    assert ss.settle("u.scope", lambda: True, soon(), stop_active=False).outcome == ss.RESET_FAILED
+    assert fake.verbs() == ["reset-failed"]

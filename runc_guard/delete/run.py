@@ -467,9 +467,8 @@ class DeleteRun:
             self._step_aside(f"cannot tell whether init {state.init_pid} is alive (/proc unreadable)", None)
         unit = self._scope_unit(state)
         if liveness == DEAD and wait_first:
-            # The dead-shim path: empty first, so the runtime's own removal succeeds.
-            if unit is not None:
-                self._settle_scope(unit, paths, "systemd_scope")
+            # The dead-shim path: empty first, so the runtime's own removal succeeds. A scope
+            # is not stopped here: systemd collects it once empty, as it would without us.
             self._wait_empty(paths, may_kill, watch_foreign, before_runtime=True)
         run = self._run_runtime(self.deadline)
         run = self._rerun_while_busy(run, state, paths, may_kill, watch_foreign)
@@ -484,7 +483,7 @@ class DeleteRun:
         if unit is not None:
             # A scope runc could not stop in time is left "failed": reset it once empty,
             # before the v1 leftovers go (systemd then collects the unit and its own dirs).
-            self._settle_scope(unit, paths, "systemd_scope_after")
+            self._settle_scope(unit, paths)
         report = self._remove(paths, may_kill, watch_foreign, runtime_status=run.status)
         remove_record(self.record or "")
         # "removed": runc-guard had work to do (waited for or killed processes, or removed
@@ -505,18 +504,21 @@ class DeleteRun:
             self.canonical["systemd_unit"] = unit
         return unit
 
-    def _settle_scope(self, unit: str, paths: list[str], key: str) -> None:
-        """Work with systemd, not behind its back: stop the scope, wait, reset-failed it.
+    def _settle_scope(self, unit: str, paths: list[str]) -> None:
+        """After the runtime's delete: wait out its stop job, reset-failed the scope once empty.
 
-        runc's own systemd driver waits for systemd's whole stop job (twice the stop
-        timeout) and is SIGKILLed by containerd at 5 s with us; here the same stop
-        is waited for within our deadline. Still busy at the deadline: exit 75 with
-        the record kept, before containerd's kill; no systemd to ask: nothing changes.
+        Never a stop job of our own (``stop_active=False``): systemd turns a stop whose
+        TimeoutStopSec passes before the last process exits into ``failed``
+        (Result=timeout), where the runtime alone, never reaching its StopUnit (runc's
+        ``--force`` polling an exiting init), leaves systemd to collect the emptied
+        scope (issue 30, case 10); and an active unit after the runtime's delete is not
+        this container's to stop. Still busy at the deadline: exit 75 with the record
+        kept, before containerd's kill; no systemd to ask: nothing changes.
         """
         if transient_unit_loaded(unit) is False:
             # systemd has already freed the unit (the runtime's stop, or its own collection of an
             # empty scope): nothing to stop or reset, and no need to load systemd_scope or run systemctl.
-            self.canonical[key] = {
+            self.canonical["systemd_scope_after"] = {
                 "unit": unit, "outcome": "not_loaded", "waited_ms": 0, "detail": "no transient unit file"
             }
             return
@@ -525,8 +527,8 @@ class DeleteRun:
         def empty() -> bool:
             return not any(live_pids(p, self.fs) for p in paths if self.fs.exists(p))
 
-        result = settle(unit, empty, self.deadline, self.settings.poll_interval)
-        self.canonical[key] = result.as_dict()
+        result = settle(unit, empty, self.deadline, self.settings.poll_interval, stop_active=False)
+        self.canonical["systemd_scope_after"] = result.as_dict()
         if result.outcome == STILL_BUSY:
             state = result.status.active_state if result.status is not None else "busy"
             raise Outcome(
