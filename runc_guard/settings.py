@@ -41,6 +41,12 @@ DEFAULT_RUNTIME = "runc"
 #: finishes such teardowns inside containerd's 5 s, so a shorter deadline would
 #: leave more behind than the runtime alone (measured in the systemd lab).
 DEFAULT_DELETE_TIMEOUT = 4.0
+#: The serving shim's delete (kubelet stopped the container; the live shim runs ``runc
+#: delete`` for CRI's exit handler) runs under CRI's handleEventTimeout, 10 s from the exit
+#: event, not under the dead-shim 5 s: stock runc waiting on systemd's stop job finishes
+#: there in up to ~9 s. 8 s leaves 2 s for the shim's IO drain before us and its rootfs
+#: unmount after (docs/deadline.md). ``delete_timeout`` still applies when it is longer.
+SERVING_SHIM_DELETE_TIMEOUT = 8.0
 #: The range accepted for ``delete_timeout`` (seconds).
 MAX_DELETE_TIMEOUT = 600.0
 #: After a deadline cut a delete short, a finisher can complete it once its cgroups empty:

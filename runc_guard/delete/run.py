@@ -72,8 +72,8 @@ from runc_guard.errors import (
     StateUnreadable,
     UnsafeCgroupPath,
 )
-from runc_guard.procinfo import ALIVE, DEAD, deadline_origin, init_liveness
-from runc_guard.settings import Settings, first_report
+from runc_guard.procinfo import ALIVE, DEAD, SERVING_SHIM, UNKNOWN_CALLER, delete_caller, init_liveness
+from runc_guard.settings import SERVING_SHIM_DELETE_TIMEOUT, Settings, first_report
 from runc_guard.shim.argv import Invocation
 from runc_guard.spool import spool_dir
 
@@ -148,6 +148,7 @@ class DeleteRun:
         clock: Callable[[], float] = time.monotonic,
         started: float | None = None,
         log: EventLog | None = None,
+        caller: str = UNKNOWN_CALLER,
     ) -> None:
         assert invocation.container_id is not None
         self.invocation = invocation
@@ -161,7 +162,9 @@ class DeleteRun:
         self.started = clock() if started is None else min(started, clock())
         #: Seconds the deadline moved earlier for a busy node (a finisher completes the rest).
         self.reply_margin = self._reply_margin(clock() - self.started)
-        self.deadline = self.started + settings.delete_timeout - self.reply_margin
+        #: What the caller allows this delete (procinfo.delete_caller; delete_budget).
+        self.budget = delete_budget(caller, settings.delete_timeout)
+        self.deadline = self.started + self.budget - self.reply_margin
         self.container_id: str = invocation.container_id
         self.root = os.path.abspath(invocation.root)
         context = {"container_id": self.container_id, "runtime": runtime, "runtime_root": invocation.root}
@@ -178,6 +181,8 @@ class DeleteRun:
         }
         if self.reply_margin > 0.001:
             self.canonical["reply_margin_ms"] = round(self.reply_margin * 1000)
+        if caller != UNKNOWN_CALLER:
+            self.canonical["caller"] = caller
         self.record: str | None = None
         #: The container's cgroup directories, once read from its state.
         self.paths: list[str] = []
@@ -720,6 +725,18 @@ class DeleteRun:
 
 
 
+def delete_budget(caller: str, delete_timeout: float) -> float:
+    """Seconds this delete may take, from what its caller allows (docs/deadline.md).
+
+    The dead-shim cleanup (5 s) and an unknown caller get ``delete_timeout``; the
+    serving shim, under CRI's 10 s per exit event, at least SERVING_SHIM_DELETE_TIMEOUT,
+    where stock runc waiting on systemd's stop job would still finish.
+    """
+    if caller == SERVING_SHIM:
+        return max(delete_timeout, SERVING_SHIM_DELETE_TIMEOUT)
+    return delete_timeout
+
+
 def _level(end: Outcome) -> str:
     """error for runc-guard's own failures; warning where the runtime decided; else info.
 
@@ -803,7 +820,8 @@ def run_delete(
     """The shim's delete path; the error boundary for everything after argv parsing.
 
     ``origin``: when containerd's budget started, as the shim read it
-    (procinfo.deadline_origin); read here when the caller did not.
+    (procinfo.deadline_origin); read here when the caller did not. Who the caller is
+    (procinfo.delete_caller) sets the budget.
 
     A settings problem never changes how the delete ends: valid keys apply,
     invalid ones keep their defaults (``settings.load``), and each problem is
@@ -812,8 +830,9 @@ def run_delete(
     """
     run: DeleteRun | None = None
     try:
-        started = origin if origin is not None else deadline_origin()
-        run = DeleteRun(invocation, args, runtime, settings, started=started)
+        caller, found = delete_caller()
+        started = origin if origin is not None else found
+        run = DeleteRun(invocation, args, runtime, settings, started=started, caller=caller)
         for problem in settings.problems:
             if first_report(settings.cache_dir, settings.config_file, problem):
                 run.log.error("config_invalid", reason=problem)
