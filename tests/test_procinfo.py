@@ -97,61 +97,29 @@ def test_a_read_error_is_unknown_and_an_exiting_init_is_dead_for_the_delete_only
 
 SHIM = b"/usr/bin/containerd-shim-runc-v2"
 ADDR = b"/run/containerd/containerd.sock"
+#: The dead shim's command line before its flags and action (pkg/shim/util.go Command).
+SHIM_CALL = f"{SHIM.decode()} -namespace k8s.io -address {ADDR.decode()} -publish-binary /bin/ctrd -id c1"
+
+
+def _argv(line: str) -> list[bytes]:
+    return [a.encode() for a in line.split()]
 
 
 @pytest.mark.parametrize(
     ("args", "role"),
     [
-        # containerd 2.x's dead-shim cleanup (pkg/shim/util.go Command + the action)
-        (
-            [
-                SHIM,
-                b"-namespace",
-                b"k8s.io",
-                b"-address",
-                ADDR,
-                b"-publish-binary",
-                b"/usr/bin/containerd",
-                b"-id",
-                b"c1",
-                b"-bundle",
-                b"/run/b",
-                b"delete",
-            ],
-            DEAD_SHIM,
-        ),
-        # containerd 1.6's (runtime/v2/shim/util.go Command)
-        (
-            [
-                SHIM,
-                b"-namespace",
-                b"k8s.io",
-                b"-address",
-                ADDR,
-                b"-publish-binary",
-                b"/usr/bin/containerd",
-                b"-id",
-                b"c1",
-                b"-bundle",
-                b"/run/b",
-                b"-debug",
-                b"delete",
-            ],
-            DEAD_SHIM,
-        ),
+        (_argv(f"{SHIM_CALL} -bundle /run/b delete"), DEAD_SHIM),  # containerd 2.x
+        (_argv(f"{SHIM_CALL} -bundle /run/b -debug delete"), DEAD_SHIM),  # with -debug (1.6: same order)
         # the serving shim (manager_linux.go newCommand), with and without -debug
-        ([SHIM, b"-namespace", b"k8s.io", b"-id", b"c1", b"-address", ADDR], SERVING_SHIM),
-        ([SHIM, b"-namespace", b"k8s.io", b"-id", b"c1", b"-address", ADDR, b"-debug"], SERVING_SHIM),
+        (_argv(f"{SHIM.decode()} -namespace k8s.io -id c1 -address {ADDR.decode()}"), SERVING_SHIM),
+        (_argv(f"{SHIM.decode()} -namespace k8s.io -id c1 -address {ADDR.decode()} -debug"), SERVING_SHIM),
         # the shim's start action only forks the serving shim: not a runtime caller
-        ([SHIM, b"-namespace", b"k8s.io", b"-address", ADDR, b"-id", b"c1", b"start"], UNKNOWN_CALLER),
-        # another shim (containerd 1.6's v1 shim) serving a task: not known to run under CRI's budget
-        (
-            [b"/usr/bin/containerd-shim", b"-namespace", b"k8s.io", b"-workdir", b"/w", b"-id", b"c1"],
-            UNKNOWN_CALLER,
-        ),
-        ([b"/usr/bin/containerd-shim-runc-v2"], UNKNOWN_CALLER),
-        ([b"/usr/bin/ctr", b"task", b"delete", b"c1"], UNKNOWN_CALLER),
-        ([b"/bin/bash"], UNKNOWN_CALLER),
+        (_argv(f"{SHIM_CALL} start"), UNKNOWN_CALLER),
+        # containerd 1.6's v1 shim serving a task: not known to run under CRI's budget
+        (_argv("/usr/bin/containerd-shim -namespace k8s.io -workdir /w -id c1"), UNKNOWN_CALLER),
+        (_argv(SHIM.decode()), UNKNOWN_CALLER),
+        (_argv("/usr/bin/ctr task delete c1"), UNKNOWN_CALLER),
+        (_argv("/bin/bash"), UNKNOWN_CALLER),
         ([], UNKNOWN_CALLER),
     ],
 )

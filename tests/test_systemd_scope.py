@@ -164,9 +164,12 @@ def status(load: str = "loaded", active: str = "active", sub: str = "running") -
         (status(active="failed", sub="failed"), True, ss.RESET),
     ],
 )
-def test_decide(st: ss.UnitStatus, empty: bool, action: str) -> None:
-    """Stop what is active, wait while systemd stops, reset a failed unit only once it is empty."""
-    assert ss.decide(st, empty) == action
+@pytest.mark.parametrize("stop_active", [True, False])
+def test_decide(st: ss.UnitStatus, empty: bool, action: str, stop_active: bool) -> None:
+    """Stop what is active, wait while systemd stops, reset a failed unit only once it is empty;
+    ``stop_active=False`` (the delete, issue 30 case 10) never stops, leaving an active unit alone."""
+    expected = ss.NOTHING if action == ss.STOP and not stop_active else action
+    assert ss.decide(st, empty, stop_active) == expected
 
 
 # -- the bounded calls, against a scripted systemd ---------------------------------
@@ -587,23 +590,6 @@ def test_audit_judges_a_failed_scope_of_a_gone_container_a_problem() -> None:
     report.failed_scopes.append({"id": ID_GONE, "action": "would_reset_failed", "unit": "v"})
     assert judge(report, 0, 1800.0) == NPD_PROBLEM
     assert "1 failed scope unit(s) of gone containers" in report.message
-
-
-@pytest.mark.parametrize(
-    ("st", "empty", "action"),
-    [
-        (status(), True, ss.NOTHING),
-        (status(sub="abandoned"), False, ss.NOTHING),
-        (status(active="activating", sub="start"), False, ss.NOTHING),
-        (status(active="deactivating", sub="stop-sigterm"), False, ss.WAIT),
-        (status(active="failed", sub="failed"), False, ss.WAIT),
-        (status(active="failed", sub="failed"), True, ss.RESET),
-        (status("not-found", "inactive", "dead"), True, ss.NOTHING),
-    ],
-)
-def test_decide_without_stop_never_stops(st: ss.UnitStatus, empty: bool, action: str) -> None:
-    """``stop_active=False`` (the delete, issue 30 case 10): never a stop; a failed unit reset once empty."""
-    assert ss.decide(st, empty, stop_active=False) == action
 
 
 def test_settle_without_stop_leaves_an_active_scope(fake: FakeSystemd) -> None:
