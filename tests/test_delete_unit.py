@@ -473,13 +473,13 @@ def test_deadline_before_the_runtime(lab: Lab) -> None:
     [
         ("dead_shim", 4.0, 4.0),
         ("unknown", 4.0, 4.0),
-        ("serving_shim", 4.0, 8.0),
+        ("serving_shim", 4.0, 7.0),
         ("serving_shim", 12.0, 12.0),
         ("dead_shim", 2.0, 2.0),
     ],
 )
 def test_the_budget_follows_the_caller(lab: Lab, caller: str, timeout: float, budget: float) -> None:
-    """The serving shim (CRI's 10 s per exit event) gets at least 8 s; the dead shim and an unknown
+    """The serving shim (CRI's 10 s per exit event) gets at least 7 s; the dead shim and an unknown
     caller get delete_timeout (issue 30, case 9)."""
     settings = Settings(**{**lab.settings.as_dict(), "delete_timeout": timeout})
     args = lab.invocation_args("c1")
