@@ -412,6 +412,30 @@ def test_guard_leaves_a_private_pid_scope_as_stock_does(
             sl.remove_task(crash.task)
 
 
+@pytest.mark.parametrize("runtime", ["runc-1.1.5", "guard-1.1.5"])
+def test_serving_shim_delete_of_a_slow_teardown_finishes_as_stock(
+    machine: sl.Machine, ns: str, runtime: str, summary: list[str]
+) -> None:
+    """Path A (shim alive, ``ctr task delete``), host PID, children held 6 s, the scope's stop
+    timeout systemd's default 90 s: stock runc waits on systemd's stop job and finishes (exit 0,
+    nothing left). runc-guard under the serving shim has at least 7 s, not the dead shim's 4 s:
+    it finishes too (issue 30, case 9; with 4 s: exit 75, the state and dirs kept)."""
+    with sl.scope_stop_timeout(machine, 90):
+        done = sl.path_a(machine, ns, needs(runtime), delay=6.0)
+    try:
+        summary.append(
+            f"{runtime:<12} path A, serving shim, teardown 6.0 s: exit {done.status} in {done.took_s} s, "
+            f"{len(done.dirs_left)} dirs, scope {done.unit.get('LoadState')}/{done.unit.get('ActiveState')}, "
+            f"runc state {'left' if done.state_left else 'gone'}"
+        )
+        assert done.status == 0, done.stderr
+        assert done.took_s >= 5.5, done  # the teardown really held the delete
+        assert done.dirs_left == [] and not done.state_left, done
+        assert done.unit["LoadState"] == "not-found", done.unit
+    finally:
+        sl.remove_task(done.task)
+
+
 @pytest.mark.parametrize("runtime", ["guard-1.1.5", "guard-1.3.4"])
 @pytest.mark.parametrize("delay", [3.6, 4.0])
 def test_guard_deadline_near_the_budget_leaves_nothing_for_a_4s_teardown(

@@ -786,6 +786,54 @@ def path_b(
     return outcome
 
 
+@dataclass
+class DeleteOutcome:
+    """What one ``ctr task delete`` (the serving shim's delete) did and left."""
+
+    task: SdTask
+    status: int
+    took_s: float
+    stderr: str
+    dirs_left: list[str]
+    unit: dict[str, str]
+    state_left: bool
+
+
+def path_a(machine: Machine, namespace: str, binary: str, delay: float, children: int = 3) -> DeleteOutcome:
+    """kubelet's stop with the shim alive: init SIGKILLed, then ``ctr task delete``.
+
+    The serving shim runs ``<binary> --systemd-cgroup delete <id>`` for it; the held
+    children are released ``delay`` s after the delete started.
+    """
+    import threading
+
+    task = run_task(machine, namespace, binary, children)
+    hold = freezer_hold(machine)
+    try:
+        hold.hold(task.children())
+        init = task.init_host_pid()
+        os.kill(init, signal.SIGKILL)
+        wait_for(lambda: init not in task.host_pids(), 5)
+        wait_for(lambda: "STOPPED" in machine.ctr(namespace, "task", "ls", check=False).stdout, 5, 0.05)
+        timer = threading.Timer(delay, hold.release)
+        timer.start()
+        started = time.monotonic()
+        try:
+            out = machine.ctr(namespace, "task", "delete", task.id, check=False)
+        finally:
+            timer.cancel()
+        took = time.monotonic() - started
+        hold.release()
+        wait_for(lambda: not task.host_pids(), 5)
+        time.sleep(0.5)  # systemd may still be collecting the unit
+        return DeleteOutcome(
+            task, out.returncode, round(took, 2), out.stderr, task.host_dirs(), task.unit_state(),
+            os.path.exists(task.runc_state()),
+        )  # fmt: skip
+    finally:
+        hold.destroy()
+
+
 @contextlib.contextmanager
 def scope_stop_timeout(machine: Machine, seconds: int) -> Iterator[None]:
     """Give every ``cri-containerd-*.scope`` another stop timeout (a dash-prefix drop-in; systemd >= 246).
