@@ -283,13 +283,18 @@ class RuncContainer:
 
     @classmethod
     def start(
-        cls, workdir: str, children: int = 3, parent: str | None = None, runc: str = RUNC
+        cls,
+        workdir: str,
+        children: int = 3,
+        parent: str | None = None,
+        runc: str = RUNC,
+        host_pid: bool = True,
     ) -> RuncContainer:
-        """Run a host-PID container with ``runc`` (Debian's by default; the state is that runc's)."""
+        """Run a container with ``runc`` (Debian's by default; state is that runc's); host PID unless told."""
         cid = unique("rgtest-ctr")
         parent = parent or unique("rgtest")
         relative = f"/{parent}/{cid}"
-        bundle = make_bundle(os.path.join(workdir, cid), relative, sleepers_script(children))
+        bundle = make_bundle(os.path.join(workdir, cid), relative, sleepers_script(children), host_pid)
         root = os.path.join(workdir, "runc-root")
         ctr = cls(cid, root, bundle, relative, runc)
         # stdio must not be a pipe: the detached container keeps it open forever.

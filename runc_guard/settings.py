@@ -42,6 +42,14 @@ DEFAULT_RUNTIME = "runc"
 #: finishes such teardowns inside containerd's 5 s, so a shorter deadline would
 #: leave more behind than the runtime alone (measured in the systemd lab).
 DEFAULT_DELETE_TIMEOUT = 4.0
+#: The serving shim's delete (kubelet stopped the container; the live shim runs ``runc
+#: delete`` for CRI's exit handler) runs under CRI's handleEventTimeout, 10 s from the exit
+#: event, not under the dead-shim 5 s: stock runc waiting on systemd's stop job finishes
+#: there after 4 s too. Before us the shim waits up to 2 s (containerd 1.6) for the init's
+#: stdio to drain, ~2.2 s in CRI's 1.6 cells where stragglers hold it: 7 s leaves ~0.8 s
+#: of the 10 for stopping the runtime, our reply and the shim's unmount (docs/deadline.md).
+#: ``delete_timeout`` still applies when it is longer.
+SERVING_SHIM_DELETE_TIMEOUT = 7.0
 #: The range accepted for ``delete_timeout`` (seconds).
 MAX_DELETE_TIMEOUT = 600.0
 #: After a deadline cut a delete short, a finisher can complete it once its cgroups empty:

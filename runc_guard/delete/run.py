@@ -74,8 +74,8 @@ from runc_guard.errors import (
     StateUnreadable,
     UnsafeCgroupPath,
 )
-from runc_guard.procinfo import ALIVE, DEAD, deadline_origin, init_liveness
-from runc_guard.settings import Settings, first_report
+from runc_guard.procinfo import ALIVE, DEAD, SERVING_SHIM, UNKNOWN_CALLER, delete_caller, init_liveness
+from runc_guard.settings import SERVING_SHIM_DELETE_TIMEOUT, Settings, first_report
 from runc_guard.shim.argv import Invocation
 from runc_guard.spool import spool_dir
 
@@ -150,6 +150,7 @@ class DeleteRun:
         clock: Callable[[], float] = time.monotonic,
         started: float | None = None,
         log: EventLog | None = None,
+        caller: str = UNKNOWN_CALLER,
     ) -> None:
         assert invocation.container_id is not None
         self.invocation = invocation
@@ -163,7 +164,9 @@ class DeleteRun:
         self.started = clock() if started is None else min(started, clock())
         #: Seconds the deadline moved earlier for a busy node (a finisher completes the rest).
         self.reply_margin = self._reply_margin(clock() - self.started)
-        self.deadline = self.started + settings.delete_timeout - self.reply_margin
+        #: What the caller allows this delete (procinfo.delete_caller; delete_budget).
+        self.budget = delete_budget(caller, settings.delete_timeout)
+        self.deadline = self.started + self.budget - self.reply_margin
         self.container_id: str = invocation.container_id
         self.root = os.path.abspath(invocation.root)
         context = {"container_id": self.container_id, "runtime": runtime, "runtime_root": invocation.root}
@@ -180,6 +183,8 @@ class DeleteRun:
         }
         if self.reply_margin > 0.001:
             self.canonical["reply_margin_ms"] = round(self.reply_margin * 1000)
+        if caller != UNKNOWN_CALLER:
+            self.canonical["caller"] = caller
         self.record: str | None = None
         #: The container's cgroup directories, once read from its state.
         self.paths: list[str] = []
@@ -472,9 +477,8 @@ class DeleteRun:
             self._step_aside(f"cannot tell whether init {state.init_pid} is alive (/proc unreadable)", None)
         unit = self._scope_unit(state)
         if liveness == DEAD and wait_first:
-            # The dead-shim path: empty first, so the runtime's own removal succeeds.
-            if unit is not None:
-                self._settle_scope(unit, paths, "systemd_scope")
+            # The dead-shim path: empty first, so the runtime's own removal succeeds. A scope
+            # is not stopped here: systemd collects it once empty, as it would without us.
             self._wait_empty(paths, may_kill, watch_foreign, before_runtime=True)
         run = self._run_runtime(self.deadline)
         run = self._rerun_while_busy(run, state, paths, may_kill, watch_foreign)
@@ -489,7 +493,7 @@ class DeleteRun:
         if unit is not None:
             # A scope runc could not stop in time is left "failed": reset it once empty,
             # before the v1 leftovers go (systemd then collects the unit and its own dirs).
-            self._settle_scope(unit, paths, "systemd_scope_after")
+            self._settle_scope(unit, paths)
         report = self._remove(paths, may_kill, watch_foreign, runtime_status=run.status)
         remove_record(self.record or "")
         # "removed": runc-guard had work to do (waited for or killed processes, or removed
@@ -510,18 +514,21 @@ class DeleteRun:
             self.canonical["systemd_unit"] = unit
         return unit
 
-    def _settle_scope(self, unit: str, paths: list[str], key: str) -> None:
-        """Work with systemd, not behind its back: stop the scope, wait, reset-failed it.
+    def _settle_scope(self, unit: str, paths: list[str]) -> None:
+        """After the runtime's delete: wait out its stop job, reset-failed the scope once empty.
 
-        runc's own systemd driver waits for systemd's whole stop job (twice the stop
-        timeout) and is SIGKILLed by containerd at 5 s with us; here the same stop
-        is waited for within our deadline. Still busy at the deadline: exit 75 with
-        the record kept, before containerd's kill; no systemd to ask: nothing changes.
+        Never a stop job of our own (``stop_active=False``): systemd turns a stop whose
+        TimeoutStopSec passes before the last process exits into ``failed``
+        (Result=timeout), where the runtime alone, never reaching its StopUnit (runc's
+        ``--force`` polling an exiting init), leaves systemd to collect the emptied
+        scope (issue 30, case 10); and an active unit after the runtime's delete is not
+        this container's to stop. Still busy at the deadline: exit 75 with the record
+        kept, before containerd's kill; no systemd to ask: nothing changes.
         """
         if transient_unit_loaded(unit) is False:
             # systemd has already freed the unit (the runtime's stop, or its own collection of an
             # empty scope): nothing to stop or reset, and no need to load systemd_scope or run systemctl.
-            self.canonical[key] = {
+            self.canonical["systemd_scope_after"] = {
                 "unit": unit, "outcome": "not_loaded", "waited_ms": 0, "detail": "no transient unit file"
             }
             return
@@ -530,8 +537,8 @@ class DeleteRun:
         def empty() -> bool:
             return not any(live_pids(p, self.fs) for p in paths if self.fs.exists(p))
 
-        result = settle(unit, empty, self.deadline, self.settings.poll_interval)
-        self.canonical[key] = result.as_dict()
+        result = settle(unit, empty, self.deadline, self.settings.poll_interval, stop_active=False)
+        self.canonical["systemd_scope_after"] = result.as_dict()
         if result.outcome == STILL_BUSY:
             state = result.status.active_state if result.status is not None else "busy"
             raise Outcome(
@@ -730,6 +737,18 @@ class DeleteRun:
 
 
 
+def delete_budget(caller: str, delete_timeout: float) -> float:
+    """Seconds this delete may take, from what its caller allows (docs/deadline.md).
+
+    The dead-shim cleanup (5 s) and an unknown caller get ``delete_timeout``; the
+    serving shim, under CRI's 10 s per exit event, at least SERVING_SHIM_DELETE_TIMEOUT,
+    where stock runc waiting on systemd's stop job would still finish.
+    """
+    if caller == SERVING_SHIM:
+        return max(delete_timeout, SERVING_SHIM_DELETE_TIMEOUT)
+    return delete_timeout
+
+
 def _level(end: Outcome) -> str:
     """error for runc-guard's own failures; warning where the runtime decided; else info.
 
@@ -825,7 +844,8 @@ def run_delete(
     """The shim's delete path; the error boundary for everything after argv parsing.
 
     ``origin``: when containerd's budget started, as the shim read it
-    (procinfo.deadline_origin); read here when the caller did not.
+    (procinfo.deadline_origin); read here when the caller did not. Who the caller is
+    (procinfo.delete_caller) sets the budget.
 
     A settings problem never changes how the delete ends: valid keys apply,
     invalid ones keep their defaults (``settings.load``), and each problem is
@@ -834,8 +854,9 @@ def run_delete(
     """
     run: DeleteRun | None = None
     try:
-        started = origin if origin is not None else deadline_origin()
-        run = DeleteRun(invocation, args, runtime, settings, started=started)
+        caller, found = delete_caller()
+        started = origin if origin is not None else found
+        run = DeleteRun(invocation, args, runtime, settings, started=started, caller=caller)
         for problem in settings.problems:
             if first_report(settings.cache_dir, settings.config_file, problem):
                 run.log.error("config_invalid", reason=problem)
