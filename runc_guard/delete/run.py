@@ -75,6 +75,7 @@ from runc_guard.errors import (
 from runc_guard.procinfo import ALIVE, DEAD, deadline_origin, init_liveness
 from runc_guard.settings import Settings, first_report
 from runc_guard.shim.argv import Invocation
+from runc_guard.shim.startup import delete_deadline
 from runc_guard.spool import spool_dir
 
 TYPE_CHECKING = False
@@ -159,9 +160,11 @@ class DeleteRun:
         self.clock = clock
         #: The deadline counts from the process start (``started``) when the caller knows it.
         self.started = clock() if started is None else min(started, clock())
-        #: Seconds the deadline moved earlier for a busy node (a finisher completes the rest).
-        self.reply_margin = self._reply_margin(clock() - self.started)
-        self.deadline = self.started + settings.delete_timeout - self.reply_margin
+        #: Seconds the deadline moved earlier for a busy node (a finisher completes the rest):
+        #: the start-up admission's rule (shim.startup.delete_deadline), so both agree.
+        self.deadline, self.reply_margin = delete_deadline(
+            self.started, clock(), settings.delete_timeout, settings.finish_window > 0
+        )
         self.container_id: str = invocation.container_id
         self.root = os.path.abspath(invocation.root)
         context = {"container_id": self.container_id, "runtime": runtime, "runtime_root": invocation.root}
@@ -191,19 +194,6 @@ class DeleteRun:
         self.ended: str | None = None
         #: The deadline cut this delete (or a sibling's) short and its record stays: finish it later.
         self.cut_short = False
-
-    def _reply_margin(self, lag: float) -> float:
-        """How much earlier than ``delete_timeout`` to reply, when a finisher completes the rest.
-
-        ``lag``: how long this delete's budget ran before it could begin (the shim's
-        start, the interpreter, a start-up slot): the work containerd's shim still
-        does after our reply waits for a CPU on the same busy node. With a finisher
-        (``finish_window``) a reply earlier by half that lag costs nothing: what it
-        cuts short is finished afterwards. Never more than half the deadline.
-        """
-        if self.settings.finish_window <= 0 or lag <= 0:
-            return 0.0
-        return min(lag / 2, self.settings.delete_timeout / 2)
 
     # -- reporting -------------------------------------------------------------
 
