@@ -19,23 +19,20 @@ import fcntl
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
 
-from labkit import kernel, runtimes
+from labkit import runtimes
 from labkit.kernel import (
     RUNC,
-    FreezerHold,
     RuncContainer,
     container_with_hold,
-    procs,
     reported_events,
     wait_for,
 )
-from labkit.scenario import guard_env
+from labkit.scenario import gone, guard_env, pod_teardown
 from runc_guard.delete.aside import OVERLOAD, iter_aside
 from runc_guard.shim.startup import slots
 
@@ -135,70 +132,16 @@ def test_what_an_overloaded_delete_left_to_the_runtime_is_finished(shim_binary: 
 
 # -- a CRI sandbox's reply never waits on its siblings (issue 30 case 1) ------------------------
 
-SANDBOX_TYPE = "io.kubernetes.cri.container-type"
-SANDBOX_ID = "io.kubernetes.cri.sandbox-id"
-
-
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1].startswith("Z")
-    except FileNotFoundError:
-        return True
-
-
-def _sandbox_round(front: str, workdir: str, env: dict[str, str], settle: float) -> dict[str, object]:
-    """A pod (sandbox + one sibling, CRI annotations, host PID) whose inits are SIGKILLed while the
-    sibling's 5 children are held 5 s; ``front --root R delete --force <sandbox>`` is timed. Then,
-    ``settle`` s after the kill, what is left of the sibling."""
-    sandbox_id = kernel.unique("rgtest-sb")
-    sandbox = RuncContainer.start(workdir, children=1, cid=sandbox_id,
-                                  annotations={SANDBOX_TYPE: "sandbox", SANDBOX_ID: sandbox_id})
-    sibling = hold = None
-    try:
-        sibling = RuncContainer.start(workdir, children=5,
-                                      annotations={SANDBOX_TYPE: "container", SANDBOX_ID: sandbox_id})
-        hold = FreezerHold.create()
-        hold.hold(sibling.children())
-        inits = [sandbox.init_pid(), sibling.init_pid()]
-        for pid in inits:
-            os.kill(pid, signal.SIGKILL)
-        killed = time.monotonic()
-        assert wait_for(lambda: all(_gone(p) for p in inits), 5)
-        started = time.monotonic()
-        done = _delete(front, sandbox.root, sandbox_id, env)
-        reply = time.monotonic() - started
-        at_reply = {"sibling_dirs": len(sibling.cgroup_dirs()), "held": hold.pids == procs(hold.path)}
-        time.sleep(max(0.0, killed + 5.0 - time.monotonic()))
-        hold.release()
-        state = os.path.join(sibling.root, sibling.id, "state.json")
-
-        def sibling_gone() -> bool:
-            return not sibling.cgroup_dirs() and not os.path.exists(state)
-
-        wait_for(sibling_gone, max(0.0, killed + settle - time.monotonic()), 0.2)
-        return {"status": done.returncode, "stderr": done.stderr, "reply_s": reply, "at_reply": at_reply,
-                "sandbox_dirs": len(sandbox.cgroup_dirs()), "sibling_dirs": len(sibling.cgroup_dirs()),
-                "sibling_state": os.path.exists(state), "settled_s": time.monotonic() - killed,
-                "sibling_id": sibling.id, "sandbox_id": sandbox_id}  # fmt: skip
-    finally:
-        if hold is not None:
-            hold.destroy()
-        if sibling is not None:
-            sibling.destroy()
-        sandbox.destroy()
-
-
 def test_a_sandbox_replies_as_stock_and_its_sibling_is_finished_after(shim_binary: str, workdir: str) -> None:
     """Stock runc 1.1.5 deletes only the sandbox: replies at once, exit 0; the sibling's 10 dirs and
     state stay for good. runc-guard (finisher on) now replies before the sibling's held children are
     released (the sandbox's delete runs nothing of the sibling's), exit 0, the sandbox's dirs gone;
     the sibling is then deleted by its own delete in the finisher: 0 dirs, no state, its own
     canonical entry naming the sandbox. Before (issue 30): the reply waited 4.01 s on the sibling."""
-    stock = _sandbox_round(RUNC, workdir, dict(os.environ), 6.0)
+    stock = pod_teardown(RUNC, workdir, dict(os.environ), 6.0)
     assert stock["status"] == 0 and stock["sibling_state"] and stock["sibling_dirs"], stock
     env = guard_env(workdir, RUNC_GUARD_RUNTIME=RUNC, RUNC_GUARD_FINISH_WINDOW="40")
-    guard = _sandbox_round(shim_binary, workdir, env, 60.0)
+    guard = pod_teardown(shim_binary, workdir, env, 60.0)
     assert guard["status"] == 0, guard["stderr"]
     assert guard["at_reply"] == {"sibling_dirs": stock["at_reply"]["sibling_dirs"], "held": True}, guard  # type: ignore[index]
     assert guard["sandbox_dirs"] == 0 and guard["sibling_dirs"] == 0 and not guard["sibling_state"], guard
@@ -240,7 +183,7 @@ def test_a_container_recreated_under_the_id_is_never_touched(shim_binary: str, w
                                         for e in reported_events(workdir)), 60), reported_events(workdir)
             left = next(e for e in reported_events(workdir) if e.get("event") == "finisher_left")
             assert "re-created" in left["reason"], left
-            assert new.init_pid() == init and not _gone(init) and len(new.pids()) == 3
+            assert new.init_pid() == init and not gone(init) and len(new.pids()) == 3
             assert new.state()["init_process_pid"] == init
             print(f"re-created id: finisher left it ({left['reason'][:60]}...); new container running, "
                   f"{len(new.pids())} processes, {len(new.cgroup_dirs())} dirs")
