@@ -513,3 +513,14 @@ def test_the_scope_is_only_ever_reset_never_stopped(
                  PendingRecord("c1", lab.root, dirs, DEAD_PID, DEAD_START, lab.runtime(0), 1.0))  # fmt: skip
     assert run(lab.settings, 2.0, _finisher(lab), quiet=0).finished == ["c1"]
     assert calls == (["reset"] if reset else [])
+
+
+def test_a_pending_record_naming_a_path_is_never_acted_on(lab: Lab) -> None:
+    """A pending record is input too: an id that is not one (``../state/c1``) reaches no path, no
+    runtime, no rmdir."""
+    dirs = lab.container("c1")
+    root = os.path.join(lab.tmp, "x")  # root/../state/c1 is the real state of c1
+    record = PendingRecord("../state/c1", root, dirs, DEAD_PID, DEAD_START, lab.runtime(0), 1.0)
+    write_record(lab.settings.pending_dir, record)
+    assert run(lab.settings, 2.0, _finisher(lab), quiet=0).finished == []
+    assert lab.runs() == [] and lab.fs.rmdirs == [] and lab.has_state("c1")

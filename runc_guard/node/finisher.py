@@ -144,8 +144,10 @@ class Finisher:
         """Pending records, then overload aside records as records (or why not yet), then siblings."""
         found: list[tuple[str, Work]] = []
         for path, record in iter_records(self.settings.pending_dir):
-            if not isinstance(record, ValueError) and self.attempts.get(path, 0) < MAX_ATTEMPTS:
-                found.append((path, record))
+            if isinstance(record, ValueError) or self.attempts.get(path, 0) >= MAX_ATTEMPTS:
+                continue
+            if valid_container_id(record.container_id) and os.path.isabs(record.runtime_root):
+                found.append((path, record))  # a record is input: an id that is not one names no path
         for path, doc in iter_aside(self.settings.cache_dir):
             kind = doc.get("kind") if doc is not None else None
             if doc is None or kind not in (OVERLOAD, SIBLING) or self.attempts.get(path, 0) >= MAX_ATTEMPTS:
