@@ -524,3 +524,24 @@ def test_a_pending_record_naming_a_path_is_never_acted_on(lab: Lab) -> None:
     write_record(lab.settings.pending_dir, record)
     assert run(lab.settings, 2.0, _finisher(lab), quiet=0).finished == []
     assert lab.runs() == [] and lab.fs.rmdirs == [] and lab.has_state("c1")
+
+
+def test_a_sibling_recreated_while_its_delete_waits_is_never_the_runtimes_target(lab: Lab) -> None:
+    """The sibling's delete waits for a process in its cgroups; meanwhile the id is re-created (a new
+    init in its state). Right before the runtime would run, the state is looked at again: the runtime
+    is not run (``refused``, its own entry), the new state stays. Control: the first sibling test."""
+    lab.container("sb", labels=SB)
+    lab.container("app", pidns="private", labels=_of("sb"), pids=(4242,))
+    _delete_sandbox(lab)
+
+    def recreate_once(fs: FakeCgroupFs) -> None:
+        if 4242 in fs.alive:
+            _rewrite_state(lab, "app", alive=True)
+            fs.exit(4242)
+
+    lab.fs.on_wait = recreate_once
+    run(lab.settings, 60.0, _finisher(lab), quiet=0)
+    assert [r for r in lab.runs() if r.startswith("runtime")] == ["runtime sb"]
+    assert lab.has_state("app")
+    entry = [e for e in lab.events() if e["event"] == "delete" and e["container_id"] == "app"][-1]
+    assert (entry["outcome"], entry["sandbox_id"]) == ("refused", "sb"), entry

@@ -52,9 +52,10 @@ from runc_guard.delete.cleanup import CgroupBusy, CgroupRemovalFailed, drain, li
 from runc_guard.delete.paths import check_container_paths, init_started_wall
 from runc_guard.delete.pending import BUSY, Claim, PendingRecord, iter_records, remove_record
 from runc_guard.delete.report import EventLog, deliver
-from runc_guard.delete.runtime_child import run_runtime_child
+from runc_guard.delete.run import DeleteRun, Outcome, append_stats
+from runc_guard.delete.runtime_child import RuntimeRun, run_runtime_child
 from runc_guard.delete.state import ContainerState, read_state, runtime_state_exists
-from runc_guard.errors import EXIT_INTERNAL, RuncGuardError, StateMissing, StateUnreadable
+from runc_guard.errors import EXIT_INTERNAL, EXIT_UNSAFE_STATE, RuncGuardError, StateMissing, StateUnreadable
 from runc_guard.node.orphans import cleanups_running, live_shim_ids
 from runc_guard.procinfo import DEAD, init_liveness
 from runc_guard.settings import Settings, load
@@ -92,6 +93,26 @@ class SiblingWork:
 
 #: A record's work: a pending record, a sibling to delete, or why it is not ready yet.
 Work = PendingRecord | SiblingWork | str
+
+
+class LateSibling(DeleteRun):
+    """A sandbox's sibling deleted after the sandbox's reply: its wait for the cgroups can take its
+    whole deadline, so right before each runtime run the id's state must still be the recorded
+    container's (init pid and start). A container created under the id meanwhile is never the
+    target of a ``delete --force``: the runtime is not run (``refused``), the record stays."""
+
+    identity: tuple[int, int] = (0, 0)
+
+    def _run_runtime(self, deadline: float | None) -> RuntimeRun:
+        try:
+            state = read_state(self.invocation.root, self.container_id, self.mounts)
+            same = (state.init_pid, state.init_start) == self.identity
+        except (StateMissing, StateUnreadable):
+            same = False
+        if not same:
+            reason = "the id's state changed while its delete waited (re-created?): the runtime was not run"
+            raise Outcome("refused", EXIT_UNSAFE_STATE, reason)
+        return super()._run_runtime(deadline)
 
 
 @dataclass
@@ -282,8 +303,6 @@ class Finisher:
         record goes before the delete runs: from then on the sibling's own
         pending record (or aside record, if it steps aside) speaks for it.
         """
-        from runc_guard.delete.run import DeleteRun, Outcome
-
         try:
             state = read_state(work.runtime_root, work.container_id, self.mounts)
         except StateMissing:  # deleted meanwhile (containerd, kubelet): nothing of ours left to do
@@ -304,8 +323,9 @@ class Finisher:
                 return False  # another delete of it runs: that one finishes it
         log = EventLog(self.settings.log_level, {"container_id": work.container_id, "runtime": work.runtime,
                                                  "runtime_root": work.runtime_root})  # fmt: skip
-        sibling = DeleteRun(parse(work.args), list(work.args), work.runtime, self.settings, fs=self.fs,
-                            mounts=self.mounts, clock=self.clock, log=log)  # fmt: skip
+        sibling = LateSibling(parse(work.args), list(work.args), work.runtime, self.settings, fs=self.fs,
+                              mounts=self.mounts, clock=self.clock, log=log)  # fmt: skip
+        sibling.identity = (work.init_pid, work.init_start)
         sibling.sibling_of = work.sandbox_id
         sibling.canonical["sandbox_id"] = work.sandbox_id
         remove_record(path)
@@ -331,8 +351,6 @@ class Finisher:
         self, record: PendingRecord, reruns: int, removed: int, scope: dict[str, object] | None, left_by: str
     ) -> None:
         """One canonical entry, as a delete's, and its stats line for the metrics."""
-        from runc_guard.delete.run import append_stats
-
         entry: dict[str, object] = {
             "outcome": "finished_late",
             "left_by": left_by,
