@@ -41,7 +41,7 @@ def main() -> None:
             try:
                 env = dict(os.environ) if front == RUNC else guard_env(
                     workdir, RUNC_GUARD_RUNTIME=RUNC, RUNC_GUARD_FINISH_WINDOW="40")
-                results[name].append(pod_teardown(front, workdir, env, args.settle))
+                results[name].append(pod_teardown(front, workdir, env, args.settle, prefix="rgbench"))
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
     rows = []

@@ -46,21 +46,23 @@ def gone(pid: int) -> bool:
         return True
 
 
-def pod_teardown(front: str, workdir: str, env: dict[str, str], settle: float) -> dict[str, object]:
+def pod_teardown(
+    front: str, workdir: str, env: dict[str, str], settle: float, prefix: str = "rgtest"
+) -> dict[str, object]:
     """A CRI pod's Path B through ``front``: the sandbox's delete timed, its sibling looked at later.
 
     A sandbox and one sibling (runc 1.1.5, host PID, CRI annotations, so runc's state
     labels carry them); both inits SIGKILLed while the sibling's 5 children are held
     in a frozen freezer for 5 s; ``front --root R delete --force <sandbox>`` is timed,
     as containerd's dead-shim cleanup runs it. ``settle`` s after the kill (or as soon
-    as the sibling is gone): what is left of the sibling.
+    as the sibling is gone): what is left of the sibling. Ids and cgroups start with ``prefix``.
     """
-    sandbox_id = unique("rgtest-sb")
-    sandbox = RuncContainer.start(workdir, children=1, cid=sandbox_id,
+    sandbox_id, pod = unique(f"{prefix}-sb"), unique(prefix)
+    sandbox = RuncContainer.start(workdir, children=1, parent=pod, cid=sandbox_id,
                                   annotations={SANDBOX_TYPE: "sandbox", SANDBOX_ID: sandbox_id})
     sibling = hold = None
     try:
-        sibling = RuncContainer.start(workdir, children=5,
+        sibling = RuncContainer.start(workdir, children=5, parent=pod, cid=unique(f"{prefix}-ctr"),
                                       annotations={SANDBOX_TYPE: "container", SANDBOX_ID: sandbox_id})
         hold = FreezerHold.create()
         hold.hold(sibling.children())
