@@ -683,14 +683,14 @@ class DeleteRun:
     def _record_sibling(self, sandbox: ContainerState, state: ContainerState) -> dict[str, object]:
         """One sibling's aside record: what its own delete needs (argv, identity), nothing judged yet."""
         args = [*self.invocation.global_args(with_log=False), "delete", "--force", state.container_id]
+        left_for = "finisher" if self.settings.finish_window > 0 else "sweep"
         written = write_aside(
             self.settings.cache_dir, self.root, state.container_id, sorted(set(state.cgroup_paths.values())),
-            f"dead sibling of sandbox {sandbox.container_id}: deleted after the sandbox's reply",
+            f"dead sibling of sandbox {sandbox.container_id}, left for the {left_for} after its reply",
             SIBLING, self.runtime,
             {"sandbox_id": sandbox.container_id, "args": args, "init_pid": state.init_pid,
              "init_start": state.init_start},
         )  # fmt: skip
-        left_for = "finisher" if self.settings.finish_window > 0 else "sweep"
         return {"id": state.container_id, "left_for": left_for if written else "unrecorded"}
 
     def run_sibling(self, state: ContainerState) -> int:
