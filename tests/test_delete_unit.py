@@ -594,7 +594,7 @@ def test_a_sandbox_replies_first_and_records_its_dead_siblings(lab: Lab) -> None
     """Deleting a sandbox runs only the sandbox's own delete before the reply (issue 30 case 1): the
     pod's containers whose init is dead get an aside record of kind ``sibling`` each (their own
     deletes follow in the finisher); a sibling with a live init and another pod's container get none.
-    With the finisher off (finish_window 0) the entry says they are left for the sweep."""
+    With finish_window 0 as with any: their deletes are the sandbox's own job (node.finisher.run)."""
     from runc_guard.delete.aside import SIBLING, iter_aside
 
     pod = {CONTAINER_TYPE_LABEL: "sandbox", SANDBOX_ID_LABEL: "sb"}
@@ -608,7 +608,7 @@ def test_a_sandbox_replies_first_and_records_its_dead_siblings(lab: Lab) -> None
     assert all(lab.fs.exists(d) for d in dead) and lab.has_state("app")
     entries = {e["container_id"]: e for e in lab.events() if e["event"] == "delete"}
     assert set(entries) == {"sb"}
-    assert entries["sb"]["siblings"] == [{"id": "app", "left_for": "sweep"}]
+    assert entries["sb"]["siblings"] == [{"id": "app", "left_for": "finisher"}]
     ((_, doc),) = list(iter_aside(lab.settings.cache_dir))
     assert doc is not None and (doc["kind"], doc["container_id"], doc["sandbox_id"]) == (SIBLING, "app", "sb")
     assert doc["cgroup_paths"] == dead and doc["args"][-3:] == ["delete", "--force", "app"]

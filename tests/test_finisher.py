@@ -435,13 +435,34 @@ def test_a_bundle_still_held_keeps_a_pending_record_waiting(lab: Lab) -> None:
     shutil.rmtree(os.path.join(lab.root, "c1"))
     bundle = os.path.join(lab.tmp, "bundle-c1")
     os.makedirs(bundle)
-    record = PendingRecord("c1", lab.root, dirs, DEAD_PID, DEAD_START, lab.runtime(0), 1.0, bundle, "sb")
+    record = PendingRecord("c1", lab.root, dirs, DEAD_PID, DEAD_START, lab.runtime(0), 1.0, bundle, "")
     path = write_record(lab.settings.pending_dir, record)
     assert run(lab.settings, 2.0, _finisher(lab), quiet=0).finished == []
     assert os.path.exists(path) and lab.fs.rmdirs == []
     os.rmdir(bundle)
     assert run(lab.settings, 2.0, _finisher(lab), quiet=0).finished == ["c1"]
     assert lab.runs() == [] and not any(lab.fs.exists(d) for d in dirs)
+
+
+@pytest.mark.parametrize("sandbox_state", [True, False])
+def test_a_pod_members_bundle_holds_it_only_while_its_sandbox_lives(lab: Lab, sandbox_state: bool) -> None:
+    """A pod's container with its bundle still there: held while the sandbox has state (containerd
+    still works on the pod); once the sandbox is gone (the dead-shim path deletes only the sandbox and
+    its bundle, the sibling's stays until the CRI removes it), the shim check alone holds it."""
+    if sandbox_state:
+        lab.container("sb", labels=SB)
+    bundle = os.path.join(lab.tmp, "bundle-app")
+    os.makedirs(bundle)
+    dirs, _ = _cut_short(lab, "app", sandbox="sb")
+    state_file = os.path.join(lab.root, "app", "state.json")
+    with open(state_file) as f:
+        doc = json.load(f)
+    doc["config"]["labels"] = [f"bundle={bundle}", "io.kubernetes.cri.sandbox-id=sb"]
+    with open(state_file, "w") as f:
+        json.dump(doc, f)
+    finished = run(lab.settings, 2.0, _finisher(lab), quiet=0).finished
+    assert finished == ([] if sandbox_state else ["app"])
+    assert all(lab.fs.exists(d) for d in dirs) == sandbox_state
 
 
 def _crun_container(lab: Lab, cid: str, bundle: str, sandbox: str) -> list[str]:
@@ -466,6 +487,7 @@ def test_crun_state_gets_the_same_guards(lab: Lab, hold: str) -> None:
     bundle = os.path.join(lab.tmp, "bundle-c1")
     if hold == "bundle":
         os.makedirs(bundle)
+    lab.container("sb", labels=SB)  # the pod's sandbox still has state: containerd still works on it
     dirs = _crun_container(lab, "c1", bundle, "sb")
     record = PendingRecord("c1", lab.root, dirs, DEAD_PID, DEAD_START, lab.runtime(0), 1.0)
     write_record(lab.settings.pending_dir, record)
@@ -545,3 +567,44 @@ def test_a_sibling_recreated_while_its_delete_waits_is_never_the_runtimes_target
     assert lab.has_state("app")
     entry = [e for e in lab.events() if e["event"] == "delete" and e["container_id"] == "app"][-1]
     assert (entry["outcome"], entry["sandbox_id"]) == ("refused", "sb"), entry
+
+
+def test_siblings_are_deleted_with_the_finisher_off_and_without_the_quiet_wait(lab: Lab) -> None:
+    """finish_window 0 (the finisher off): the sandbox's dead sibling is still deleted after the
+    reply (the sandbox's delete did that before, inline), at once rather than after ``quiet``; a
+    pending record beside it, what a deadline cut short, is not finished (that is the opt-in part)."""
+    lab.container("sb", labels=SB)
+    dead = lab.container("app", labels=_of("sb"))
+    assert lab.run("sb", lab.runtime(0)) == 0
+    assert lab.entry()["siblings"] == [{"id": "app", "left_for": "finisher"}]
+    _, record = _cut_short(lab, "c1")
+    removed_at: list[float] = []
+    real_rmdir = lab.fs.rmdir
+
+    def timed_rmdir(path: str) -> None:
+        real_rmdir(path)
+        removed_at.append(lab.clock())
+
+    lab.fs.rmdir = timed_rmdir  # type: ignore[method-assign]
+    calm = _fake_proc(lab.tmp, ["/bin/sleep", "60"])  # not the host's: it may have cleanups of its own
+    started = lab.clock()
+    assert run(lab.settings, 0.0, _finisher(lab, calm), quiet=5.0).finished == ["app"]
+    assert not any(lab.fs.exists(d) for d in dead) and not lab.has_state("app")
+    assert removed_at and max(removed_at) - started < 1.0, "the sibling waited for the quiet period"
+    assert os.path.exists(record) and lab.has_state("c1")
+    assert lab.entry()["container_id"] == "app"
+
+
+def test_siblings_wait_for_containerds_cleanups(lab: Lab) -> None:
+    """While one of containerd's dead-shim cleanups runs (the sandbox's own unmounts, a storm), the
+    siblings wait too: at most HOLD_MAX s after the last new record."""
+    from runc_guard.node.finisher import HOLD_MAX
+
+    lab.container("sb", labels=SB)
+    lab.container("app", labels=_of("sb"))
+    assert lab.run("sb", lab.runtime(0)) == 0
+    proc = _fake_proc(lab.tmp, ["/usr/bin/containerd-shim-runc-v2", "-namespace", "k8s.io", "-id", "c9",
+                                "-address", "/run/containerd/containerd.sock", "delete"])
+    started = lab.clock()
+    assert run(lab.settings, 0.0, _finisher(lab, proc), quiet=5.0).finished == ["app"]
+    assert lab.clock() - started >= HOLD_MAX

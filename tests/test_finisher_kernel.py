@@ -140,6 +140,8 @@ def test_a_sandbox_replies_as_stock_and_its_sibling_is_finished_after(shim_binar
     canonical entry naming the sandbox. Before (issue 30): the reply waited 4.01 s on the sibling."""
     stock = pod_teardown(RUNC, workdir, dict(os.environ), 6.0)
     assert stock["status"] == 0 and stock["sibling_state"] and stock["sibling_dirs"], stock
+    # The sibling's own delete starts right after the reply, while its children are still held (no
+    # containerd cleanup to wait for here): cut short at its 4 s deadline, the finisher completes it.
     env = guard_env(workdir, RUNC_GUARD_RUNTIME=RUNC, RUNC_GUARD_FINISH_WINDOW="40")
     guard = pod_teardown(shim_binary, workdir, env, 60.0)
     assert guard["status"] == 0, guard["stderr"]
@@ -148,11 +150,14 @@ def test_a_sandbox_replies_as_stock_and_its_sibling_is_finished_after(shim_binar
     entries = [e for e in reported_events(workdir) if e.get("event") == "delete"]
     sandbox_entry = next(e for e in entries if e["container_id"] == guard["sandbox_id"])
     assert sandbox_entry["siblings"] == [{"id": guard["sibling_id"], "left_for": "finisher"}]
-    sibling_entry = next(e for e in entries if e["container_id"] == guard["sibling_id"])
-    assert sibling_entry["sandbox_id"] == guard["sandbox_id"] and sibling_entry["exit_status"] == 0
+    # its own delete (cut short at 4 s while the hold lasts, then finished_late), or one that went through
+    sibling_entries = [e for e in entries if e["container_id"] == guard["sibling_id"]]
+    assert sibling_entries and sibling_entries[0]["sandbox_id"] == guard["sandbox_id"], entries
+    sibling_entry = sibling_entries[-1]
+    assert sibling_entry["outcome"] in ("removed", "already_gone", "finished_late"), sibling_entries
     print(f"sandbox reply: stock {stock['reply_s'] * 1000:.0f} ms exit 0, sibling {stock['sibling_dirs']} "
           f"dirs + state kept; runc-guard {guard['reply_s'] * 1000:.0f} ms exit 0, sibling 0 dirs, no state "
-          f"{guard['settled_s']:.1f} s after the kill ({sibling_entry['outcome']})")
+          f"{guard['settled_s']:.1f} s after the kill ({', '.join(e['outcome'] for e in sibling_entries)})")
 
 
 # -- a container re-created under the id is never touched (issue 30 case 5) --------------------

@@ -646,8 +646,8 @@ class DeleteRun:
         Deleting them here made the sandbox's reply wait on their cgroups (4 s
         where stock replies in 50 ms, leaving containerd's cleanup < 1 s before
         its SIGKILL), so each gets an aside record of kind ``sibling`` and its
-        own delete later (node.finisher; with the finisher off, the sweep and
-        audit see them). A sibling whose init is alive or cannot be judged is not
+        own delete right after the reply (node.finisher, started for them even
+        with ``finish_window = 0``). A sibling whose init is alive or cannot be judged is not
         recorded. Nothing here may change the sandbox's verdict: a failure
         (EAGAIN, ENOMEM, ENFILE on a /proc or state read) is noted, not raised.
         Cost on a node with hundreds of containers in the root: a state is parsed
@@ -683,15 +683,14 @@ class DeleteRun:
     def _record_sibling(self, sandbox: ContainerState, state: ContainerState) -> dict[str, object]:
         """One sibling's aside record: what its own delete needs (argv, identity), nothing judged yet."""
         args = [*self.invocation.global_args(with_log=False), "delete", "--force", state.container_id]
-        left_for = "finisher" if self.settings.finish_window > 0 else "sweep"
         written = write_aside(
             self.settings.cache_dir, self.root, state.container_id, sorted(set(state.cgroup_paths.values())),
-            f"dead sibling of sandbox {sandbox.container_id}, left for the {left_for} after its reply",
+            f"dead sibling of sandbox {sandbox.container_id}: its own delete follows the sandbox's reply",
             SIBLING, self.runtime,
             {"sandbox_id": sandbox.container_id, "args": args, "init_pid": state.init_pid,
              "init_start": state.init_start},
         )  # fmt: skip
-        return {"id": state.container_id, "left_for": left_for if written else "unrecorded"}
+        return {"id": state.container_id, "left_for": "finisher" if written else "unrecorded"}
 
     def run_sibling(self, state: ContainerState) -> int:
         """The same delete for a sandbox's sibling (node.finisher, after the sandbox's reply): its own
@@ -816,6 +815,7 @@ def run_delete(
         except Exception:  # noqa: BLE001 - reporting itself failed: the status still stands
             status = EXIT_INTERNAL
     deliver(run.log, settings, spool_dir(settings.cache_dir))
-    if (run.cut_short or run.siblings_left) and settings.finish_window > 0:  # settled: detached
+    # Settled: detached. A sandbox's siblings are its own delete's job, finisher or not (node.finisher.run).
+    if run.siblings_left or (run.cut_short and settings.finish_window > 0):
         detach_finisher(settings.cache_dir)
     return status

@@ -75,6 +75,9 @@ RUNTIME_BUDGET = 10.0
 REMOVE_BUDGET = 2.0
 #: Re-runs of one record's runtime delete that failed before the finisher leaves it to the sweep.
 MAX_ATTEMPTS = 3
+#: A sandbox's dead siblings are tried this long after the last new record, whatever finish_window
+#: says (run): longer than HOLD_MAX, so a storm's cleanups cannot outlast it.
+SIBLING_WINDOW = 60.0
 
 
 @dataclass(frozen=True)
@@ -130,11 +133,11 @@ class Finisher:
     def now(self) -> float:
         return self.clock()
 
-    def pass_once(self) -> tuple[int, list[str]]:
+    def pass_once(self, siblings_only: bool = False) -> tuple[int, list[str]]:
         """Try every record once; returns (records still pending, populated cgroups to wait on)."""
         pending = 0
         populated: list[str] = []
-        for path, record in self._candidates():
+        for path, record in self._candidates(siblings_only):
             pending += 1
             if isinstance(record, str):
                 continue  # not ready yet (why: the string), looked at again next pass
@@ -161,17 +164,18 @@ class Finisher:
             return False
         return self._finish(path, record)
 
-    def _candidates(self) -> list[tuple[str, Work]]:
+    def _candidates(self, siblings_only: bool = False) -> list[tuple[str, Work]]:
         """Pending records, then overload aside records as records (or why not yet), then siblings."""
         found: list[tuple[str, Work]] = []
-        for path, record in iter_records(self.settings.pending_dir):
+        for path, record in [] if siblings_only else iter_records(self.settings.pending_dir):
             if isinstance(record, ValueError) or self.attempts.get(path, 0) >= MAX_ATTEMPTS:
                 continue
             if valid_container_id(record.container_id) and os.path.isabs(record.runtime_root):
                 found.append((path, record))  # a record is input: an id that is not one names no path
         for path, doc in iter_aside(self.settings.cache_dir):
             kind = doc.get("kind") if doc is not None else None
-            if doc is None or kind not in (OVERLOAD, SIBLING) or self.attempts.get(path, 0) >= MAX_ATTEMPTS:
+            kinds = (SIBLING,) if siblings_only else (OVERLOAD, SIBLING)
+            if doc is None or kind not in kinds or self.attempts.get(path, 0) >= MAX_ATTEMPTS:
                 continue
             judged = self._judge_overload(doc) if kind == OVERLOAD else _sibling_work(doc)
             if judged is None:
@@ -212,7 +216,7 @@ class Finisher:
             float(created) if isinstance(created, (int, float)) else time.time(), bundle, state.sandbox_id,
         )
 
-    def _not_now(self, record: PendingRecord, bundle_guard: bool = True) -> tuple[str, bool] | None:
+    def _not_now(self, record: PendingRecord) -> tuple[str, bool] | None:
         """Why the finisher must not act on ``record`` right now (and whether for good); None: act.
 
         Looked at under the record's claim, right before acting, per record (a
@@ -221,10 +225,11 @@ class Finisher:
         still running, names it or its sandbox; its bundle still exists), or the
         runtime state of that id is no longer the recorded container's (re-created:
         for good, the new container's own delete owns the id), or its init is not
-        provably dead. ``bundle_guard`` off for a sandbox's sibling: containerd's
-        dead-shim cleanup removes the sandbox's bundle only, the sibling's stays
-        until the CRI removes the container (its delete then finds the runtime's
-        state gone: "does not exist", success); the shim check still holds it.
+        provably dead. The bundle does not hold a pod's container whose sandbox's
+        state is gone (the sandbox's siblings): containerd's dead-shim cleanup
+        removes the sandbox's bundle only, the sibling's stays until the CRI
+        removes the container (whose delete then finds the runtime's state gone:
+        "does not exist", success); the shim check still holds it.
         """
         sandbox, bundles = record.sandbox_id, [record.bundle]
         if os.path.lexists(os.path.join(record.runtime_root, record.container_id)):
@@ -243,7 +248,7 @@ class Finisher:
         if held:
             return f"a containerd shim still names {sorted(held)[0]}", False
         bundle = next((b for b in bundles if b and os.path.lexists(b)), None)
-        if bundle is not None and bundle_guard:
+        if bundle is not None and not _sandbox_gone(record.runtime_root, record.container_id, sandbox):
             return f"containerd still holds the bundle {bundle}", False
         if init_liveness(record.init_pid, record.init_start, self.proc) != DEAD:
             return "init not provably dead", False
@@ -284,9 +289,9 @@ class Finisher:
         self.finished.append(record.container_id)
         return True
 
-    def _clear(self, path: str, record: PendingRecord, bundle_guard: bool = True) -> bool:
+    def _clear(self, path: str, record: PendingRecord) -> bool:
         """:meth:`_not_now` says act; otherwise the record waits (or, for good, is left and logged)."""
-        why = self._not_now(record, bundle_guard)
+        why = self._not_now(record)
         if why is None:
             return True
         reason, for_good = why
@@ -315,7 +320,7 @@ class Finisher:
             return False
         record = PendingRecord(work.container_id, work.runtime_root, [], work.init_pid, work.init_start,
                                work.runtime, 0.0, "", work.sandbox_id)  # fmt: skip
-        if not self._clear(path, record, bundle_guard=False):
+        if not self._clear(path, record):
             return False
         probe = Claim(self.settings.pending_dir, work.runtime_root, work.container_id, self.now(), self.now)
         with probe as held:
@@ -399,6 +404,13 @@ def _reset_scope(record: PendingRecord, fs: CgroupFsOps, deadline: float) -> dic
     return None
 
 
+def _sandbox_gone(root: str, container_id: str, sandbox: str) -> bool:
+    """``container_id`` belongs to a CRI pod whose sandbox (another container) has no runtime state left."""
+    if not sandbox or sandbox == container_id or not valid_container_id(sandbox):
+        return False
+    return not os.path.lexists(os.path.join(root, sandbox))
+
+
 def _sibling_work(doc: Mapping[str, object]) -> SiblingWork | None:
     """A sibling aside record as work, or None when it is not one a sandbox's delete wrote (input)."""
     cid, root, runtime = doc.get("container_id"), doc.get("runtime_root"), doc.get("runtime")
@@ -419,11 +431,11 @@ def _sibling_work(doc: Mapping[str, object]) -> SiblingWork | None:
     return SiblingWork(cid, root, runtime, sandbox, argv, pid, start)
 
 
-def _work(settings: Settings) -> set[str]:
+def _work(settings: Settings, kinds: tuple[str, ...] = (OVERLOAD, SIBLING), pending: bool = True) -> set[str]:
     """The files a finisher is for: pending records, overload and sibling aside records."""
-    names = {p for p, _ in iter_records(settings.pending_dir)}
+    names = {p for p, _ in iter_records(settings.pending_dir)} if pending else set()
     for path, doc in iter_aside(settings.cache_dir):
-        if doc is not None and doc.get("kind") in (OVERLOAD, SIBLING):
+        if doc is not None and doc.get("kind") in kinds:
             names.add(path)
     return names
 
@@ -439,23 +451,32 @@ def run(
     a killed one leaves its task unfinished for good: they get the CPU first); a
     steady stream of cleanups holds it back at most HOLD_MAX s after the last new
     record. ``seen`` collects the record files looked at (the caller's, across runs).
+
+    A sandbox's dead siblings are deleted as soon as no cleanup runs (the sandbox's
+    own ends right after its reply), without the ``quiet`` wait (they ran on
+    containerd's time before), and with ``window`` 0 too, for SIBLING_WINDOW s:
+    deleting them is the sandbox's delete's own job moved after its reply, not the
+    opt-in finishing of what a deadline cut short (which ``window`` 0 turns off).
     """
     finisher = finisher or Finisher(settings)
     seen = set() if seen is None else seen
     last_new = last_busy = finisher.now()
     while True:
         names = _work(settings)
+        siblings = _work(settings, (SIBLING,), pending=False)
         now = finisher.now()
         if names - seen:
             last_new = now
         seen |= names
-        if not names or now - last_new >= quiet + window:
+        if not names or now - last_new >= max(quiet + window, SIBLING_WINDOW if siblings else 0.0):
             return finisher
         if now - last_new < HOLD_MAX and cleanups_running(finisher.proc):
             last_busy = now
+        elif siblings:
+            finisher.pass_once(siblings_only=True)
         calm = min(now - last_new, now - last_busy)
-        if calm < quiet:
-            wait = min(POLL, quiet - calm)
+        if window <= 0 or now - last_new >= quiet + window or calm < quiet:
+            wait = min(POLL, quiet - calm) if calm < quiet else POLL
             finisher.fs.wait_for_change([], wait, wait)
             continue
         pending, populated = finisher.pass_once()
