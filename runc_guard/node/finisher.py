@@ -107,10 +107,14 @@ class LateSibling(DeleteRun):
     identity: tuple[int, int] = (0, 0)
 
     def _run_runtime(self, deadline: float | None) -> RuntimeRun:
+        if not os.path.lexists(os.path.join(self.invocation.root, self.container_id)):
+            # Deleted meanwhile (containerd 1.6 deletes a pod's containers itself): the runtime
+            # answers "does not exist" and the table removes what that delete left, as a retry would.
+            return super()._run_runtime(deadline)
         try:
             state = read_state(self.invocation.root, self.container_id, self.mounts)
             same = (state.init_pid, state.init_start) == self.identity
-        except (StateMissing, StateUnreadable):
+        except (StateMissing, StateUnreadable):  # a directory without state: one being created
             same = False
         if not same:
             reason = "the id's state changed while its delete waited (re-created?): the runtime was not run"
@@ -452,11 +456,13 @@ def run(
     steady stream of cleanups holds it back at most HOLD_MAX s after the last new
     record. ``seen`` collects the record files looked at (the caller's, across runs).
 
-    A sandbox's dead siblings are deleted as soon as no cleanup runs (the sandbox's
-    own ends right after its reply), without the ``quiet`` wait (they ran on
-    containerd's time before), and with ``window`` 0 too, for SIBLING_WINDOW s:
-    deleting them is the sandbox's delete's own job moved after its reply, not the
-    opt-in finishing of what a deadline cut short (which ``window`` 0 turns off).
+    A sandbox's dead siblings are deleted at once, without the ``quiet`` wait or the
+    hold on other containers' cleanups (they ran inline, on containerd's time,
+    before; now niced and after the reply), each as soon as no shim names it or its
+    sandbox (the sandbox's own cleanup ends right after its reply), and with
+    ``window`` 0 too, for SIBLING_WINDOW s: deleting them is the sandbox's delete's
+    own job moved after its reply, not the opt-in finishing of what a deadline cut
+    short (which ``window`` 0 turns off).
     """
     finisher = finisher or Finisher(settings)
     seen = set() if seen is None else seen
@@ -470,10 +476,10 @@ def run(
         seen |= names
         if not names or now - last_new >= max(quiet + window, SIBLING_WINDOW if siblings else 0.0):
             return finisher
+        if siblings:
+            finisher.pass_once(siblings_only=True)
         if now - last_new < HOLD_MAX and cleanups_running(finisher.proc):
             last_busy = now
-        elif siblings:
-            finisher.pass_once(siblings_only=True)
         calm = min(now - last_new, now - last_busy)
         if window <= 0 or now - last_new >= quiet + window or calm < quiet:
             wait = min(POLL, quiet - calm) if calm < quiet else POLL
