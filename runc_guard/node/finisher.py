@@ -34,7 +34,11 @@ A CRI sandbox's delete records the pod's dead siblings (aside records of kind
 ``sibling``) instead of deleting them before its reply; each gets its own
 delete here (``DeleteRun.run_sibling``: the same decision table, its own
 canonical entry and stats line, its failure its own), once no shim names it or
-its sandbox, no other delete holds it, and its state is still the recorded one.
+its sandbox, no other delete holds it, and its state is still the recorded one
+(looked at again right before each runtime run: :class:`LateSibling`). The
+sandbox's delete starts the finisher for these even with ``finish_window = 0``
+(deleting them was its own job before, inline), and they get neither the quiet
+wait nor the hold on other containers' cleanups (:func:`run`).
 
 What it cannot finish in its window stays for ``runc-guardctl sweep`` and audit.
 """
