@@ -58,6 +58,9 @@ from labkit.kernel import (
 
 K8S_NS = "k8s.io"
 GUARD_HANDLER = "runc-guard"
+#: How long after containerd's dead-shim cleanup a pod's dead container may take to go: runc-guard
+#: deletes it after the sandbox's reply (node.finisher), as soon as that cleanup's shim has exited.
+SIBLING_SETTLE = 10.0
 STOCK_HANDLER = "stock"
 #: CRI NamespaceMode values (runtime/v1 api.proto): what kubelet sends per PID mode.
 POD, CONTAINER, NODE = 0, 1, 2
@@ -686,6 +689,14 @@ def path_b(
             cell.timings["cleanup_s"] = elapsed(start)
             cell.timings["exited_s"] = watch.wait(2.0)
             cell.notes.append("states: " + ",".join(watch.states))
+            if handler == GUARD_HANDLER:
+                # The dead-shim cleanup deletes only the sandbox; runc-guard deletes the dead
+                # container (its sibling) after the sandbox's reply, in its detached finisher.
+                def gone() -> bool:
+                    return not ctr.cgroup_dirs() and not lab.runtime_state(ctr.id)
+
+                wait_for(gone, SIBLING_SETTLE, 0.05)
+                cell.timings["sibling_s"] = elapsed(start)
             _collect(lab, cell, ctr, pod, since)
             if remove:
                 kubelet_removal(lab, cell, ctr, pod)

@@ -242,8 +242,14 @@ class FreezerHold:
             os.rmdir(self.path)
 
 
-def make_bundle(directory: str, cgroups_path: str, script: str, host_pid: bool = True) -> str:
-    """An OCI bundle whose rootfs is a static busybox; returns the bundle dir."""
+def make_bundle(
+    directory: str, cgroups_path: str, script: str, host_pid: bool = True,
+    annotations: dict[str, str] | None = None,
+) -> str:
+    """An OCI bundle whose rootfs is a static busybox; returns the bundle dir.
+
+    ``annotations`` land in runc's state as labels (a CRI pod's sandbox id and container type).
+    """
     rootfs = os.path.join(directory, "rootfs")
     os.makedirs(os.path.join(rootfs, "bin"), exist_ok=True)
     shutil.copy2(BUSYBOX, os.path.join(rootfs, "bin", "busybox"))
@@ -261,6 +267,8 @@ def make_bundle(directory: str, cgroups_path: str, script: str, host_pid: bool =
     if host_pid:
         config["linux"]["namespaces"] = [ns for ns in config["linux"]["namespaces"] if ns["type"] != "pid"]
     config["linux"]["cgroupsPath"] = cgroups_path
+    if annotations:
+        config["annotations"] = dict(annotations)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f)
     return directory
@@ -283,18 +291,20 @@ class RuncContainer:
 
     @classmethod
     def start(
-        cls,
-        workdir: str,
-        children: int = 3,
-        parent: str | None = None,
-        runc: str = RUNC,
-        host_pid: bool = True,
+        cls, workdir: str, children: int = 3, parent: str | None = None, runc: str = RUNC,
+        cid: str | None = None, annotations: dict[str, str] | None = None, host_pid: bool = True,
     ) -> RuncContainer:
-        """Run a container with ``runc`` (Debian's by default; state is that runc's); host PID unless told."""
-        cid = unique("rgtest-ctr")
+        """Run a container with ``runc`` (Debian's by default; state is that runc's); host PID unless told.
+
+        ``cid``: a fixed id (a container re-created under the id of one gone before).
+        """
+        cid = cid or unique("rgtest-ctr")
         parent = parent or unique("rgtest")
         relative = f"/{parent}/{cid}"
-        bundle = make_bundle(os.path.join(workdir, cid), relative, sleepers_script(children), host_pid)
+        directory = os.path.join(workdir, cid)
+        if os.path.exists(directory):  # the id's earlier container keeps its bundle
+            directory = os.path.join(workdir, unique(cid))
+        bundle = make_bundle(directory, relative, sleepers_script(children), host_pid, annotations=annotations)
         root = os.path.join(workdir, "runc-root")
         ctr = cls(cid, root, bundle, relative, runc)
         # stdio must not be a pipe: the detached container keeps it open forever.

@@ -22,7 +22,78 @@ import threading
 import time
 from typing import Any
 
-from labkit.kernel import FREEZER, container_with_hold, read_lines, wait_for
+from labkit.kernel import (
+    FREEZER,
+    FreezerHold,
+    RuncContainer,
+    container_with_hold,
+    procs,
+    read_lines,
+    unique,
+    wait_for,
+)
+
+SANDBOX_TYPE = "io.kubernetes.cri.container-type"
+SANDBOX_ID = "io.kubernetes.cri.sandbox-id"
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (or is a zombie nobody reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1].startswith("Z")
+    except FileNotFoundError:
+        return True
+
+
+def pod_teardown(
+    front: str, workdir: str, env: dict[str, str], settle: float, prefix: str = "rgtest"
+) -> dict[str, object]:
+    """A CRI pod's Path B through ``front``: the sandbox's delete timed, its sibling looked at later.
+
+    A sandbox and one sibling (runc 1.1.5, host PID, CRI annotations, so runc's state
+    labels carry them); both inits SIGKILLed while the sibling's 5 children are held
+    in a frozen freezer for 5 s; ``front --root R delete --force <sandbox>`` is timed,
+    as containerd's dead-shim cleanup runs it. ``settle`` s after the kill (or as soon
+    as the sibling is gone): what is left of the sibling. Ids and cgroups start with ``prefix``.
+    """
+    sandbox_id, pod = unique(f"{prefix}-sb"), unique(prefix)
+    sandbox = RuncContainer.start(workdir, children=1, parent=pod, cid=sandbox_id,
+                                  annotations={SANDBOX_TYPE: "sandbox", SANDBOX_ID: sandbox_id})
+    sibling = hold = None
+    try:
+        sibling = RuncContainer.start(workdir, children=5, parent=pod, cid=unique(f"{prefix}-ctr"),
+                                      annotations={SANDBOX_TYPE: "container", SANDBOX_ID: sandbox_id})
+        hold = FreezerHold.create()
+        hold.hold(sibling.children())
+        inits = [sandbox.init_pid(), sibling.init_pid()]
+        for pid in inits:
+            os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        assert wait_for(lambda: all(gone(p) for p in inits), 5)
+        started = time.monotonic()
+        done = subprocess.run([front, "--root", sandbox.root, "delete", "--force", sandbox_id],
+                              capture_output=True, text=True, env=env, check=False, timeout=60)
+        reply = time.monotonic() - started
+        at_reply = {"sibling_dirs": len(sibling.cgroup_dirs()), "held": hold.pids == procs(hold.path)}
+        time.sleep(max(0.0, killed + 5.0 - time.monotonic()))
+        hold.release()
+        state = os.path.join(sibling.root, sibling.id, "state.json")
+
+        def sibling_gone() -> bool:
+            return not sibling.cgroup_dirs() and not os.path.exists(state)
+
+        wait_for(sibling_gone, max(0.0, killed + settle - time.monotonic()), 0.2)
+        return {"status": done.returncode, "stderr": done.stderr, "reply_s": reply, "at_reply": at_reply,
+                "sandbox_dirs": len(sandbox.cgroup_dirs()), "sibling_dirs": len(sibling.cgroup_dirs()),
+                "sibling_state": os.path.exists(state), "settled_s": time.monotonic() - killed,
+                "sibling_id": sibling.id, "sandbox_id": sandbox_id}
+    finally:
+        if hold is not None:
+            hold.destroy()
+        if sibling is not None:
+            sibling.destroy()
+        sandbox.destroy()
 
 
 def guard_env(workdir: str, **overrides: str) -> dict[str, str]:

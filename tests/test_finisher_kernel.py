@@ -25,8 +25,14 @@ from contextlib import contextmanager
 import pytest
 
 from labkit import runtimes
-from labkit.kernel import RUNC, container_with_hold, reported_events, wait_for
-from labkit.scenario import guard_env
+from labkit.kernel import (
+    RUNC,
+    RuncContainer,
+    container_with_hold,
+    reported_events,
+    wait_for,
+)
+from labkit.scenario import gone, guard_env, pod_teardown
 from runc_guard.delete.aside import OVERLOAD, iter_aside
 from runc_guard.shim.startup import slots
 
@@ -60,8 +66,13 @@ def test_a_cut_short_delete_is_finished_after_the_reply(shim_binary: str, workdi
         assert done.returncode == 75, done.stderr
         assert os.listdir(pending) and ctr.cgroup_dirs(), "the deadline must have cut it short"
         hold.release()
-        assert wait_for(lambda: not ctr.cgroup_dirs() and not os.listdir(pending), 60), (
-            ctr.cgroup_dirs(), os.listdir(pending))
+        gone = ctr.bundle + ".gone"
+        os.rename(ctr.bundle, gone)  # what containerd does once its dead-shim cleanup returned
+        try:
+            assert wait_for(lambda: not ctr.cgroup_dirs() and not os.listdir(pending), 60), (
+                ctr.cgroup_dirs(), os.listdir(pending))
+        finally:
+            os.rename(gone, ctr.bundle)
         assert not os.path.exists(os.path.join(ctr.root, ctr.id, "state.json"))
         late = [e for e in reported_events(workdir) if e.get("container_id") == ctr.id
                 and e.get("outcome") == "finished_late"]
@@ -117,3 +128,69 @@ def test_what_an_overloaded_delete_left_to_the_runtime_is_finished(shim_binary: 
         assert [(e["left_by"], e["runtime_runs"]) for e in late] == [("overload", 1)], late
         print(f"finisher after overload: runc 1.3.4 alone exit 1, state kept; finished "
               f"{late[0]['since_record_ms']} ms after the aside record, removed {late[0]['removed']}")
+
+
+# -- a CRI sandbox's reply never waits on its siblings (issue 30 case 1) ------------------------
+
+def test_a_sandbox_replies_as_stock_and_its_sibling_is_finished_after(shim_binary: str, workdir: str) -> None:
+    """Stock runc 1.1.5 deletes only the sandbox: replies at once, exit 0; the sibling's 10 dirs and
+    state stay for good. runc-guard (finisher on) now replies before the sibling's held children are
+    released (the sandbox's delete runs nothing of the sibling's), exit 0, the sandbox's dirs gone;
+    the sibling is then deleted by its own delete in the finisher: 0 dirs, no state, its own
+    canonical entry naming the sandbox. Before (issue 30): the reply waited 4.01 s on the sibling."""
+    stock = pod_teardown(RUNC, workdir, dict(os.environ), 6.0)
+    assert stock["status"] == 0 and stock["sibling_state"] and stock["sibling_dirs"], stock
+    # The sibling's own delete starts right after the reply, while its children are still held (no
+    # containerd cleanup to wait for here): cut short at its 4 s deadline, the finisher completes it.
+    env = guard_env(workdir, RUNC_GUARD_RUNTIME=RUNC, RUNC_GUARD_FINISH_WINDOW="40")
+    guard = pod_teardown(shim_binary, workdir, env, 60.0)
+    assert guard["status"] == 0, guard["stderr"]
+    assert guard["at_reply"] == {"sibling_dirs": stock["at_reply"]["sibling_dirs"], "held": True}, guard  # type: ignore[index]
+    assert guard["sandbox_dirs"] == 0 and guard["sibling_dirs"] == 0 and not guard["sibling_state"], guard
+    entries = [e for e in reported_events(workdir) if e.get("event") == "delete"]
+    sandbox_entry = next(e for e in entries if e["container_id"] == guard["sandbox_id"])
+    assert sandbox_entry["siblings"] == [{"id": guard["sibling_id"], "left_for": "finisher"}]
+    # its own delete (cut short at 4 s while the hold lasts, then finished_late), or one that went through
+    sibling_entries = [e for e in entries if e["container_id"] == guard["sibling_id"]]
+    assert sibling_entries and sibling_entries[0]["sandbox_id"] == guard["sandbox_id"], entries
+    sibling_entry = sibling_entries[-1]
+    assert sibling_entry["outcome"] in ("removed", "already_gone", "finished_late"), sibling_entries
+    print(f"sandbox reply: stock {stock['reply_s'] * 1000:.0f} ms exit 0, sibling {stock['sibling_dirs']} "
+          f"dirs + state kept; runc-guard {guard['reply_s'] * 1000:.0f} ms exit 0, sibling 0 dirs, no state "
+          f"{guard['settled_s']:.1f} s after the kill ({', '.join(e['outcome'] for e in sibling_entries)})")
+
+
+# -- a container re-created under the id is never touched (issue 30 case 5) --------------------
+
+
+def test_a_container_recreated_under_the_id_is_never_touched(shim_binary: str, workdir: str) -> None:
+    """runc-guard's delete is cut short (exit 75, record kept); the runtime alone then deletes the
+    container and a new one is created under the same id (fixed ctr/nerdctl names, Docker's restart)
+    in other cgroups. The finisher, waking later, finds the id's state naming another init: it runs
+    nothing and kills nothing (a ``finisher_left`` entry says why); the new container keeps running.
+    Stock: nothing ever touches the new container. Before: the finisher ran ``runc delete --force``
+    of the id, killing the new container."""
+    env = guard_env(workdir, RUNC_GUARD_RUNTIME=RUNC, RUNC_GUARD_DELETE_TIMEOUT="1",
+                    RUNC_GUARD_FINISH_WINDOW="40")
+    with container_with_hold(workdir, children=3, held=2) as (old, hold):
+        os.kill(old.init_pid(), signal.SIGKILL)
+        done = _delete(shim_binary, old.root, old.id, env)
+        assert done.returncode == 75 and os.listdir(os.path.join(workdir, "pending")), done.stderr
+        hold.release()
+        assert wait_for(lambda: not old.pids(), 10)
+        alone = subprocess.run([RUNC, "--root", old.root, "delete", "--force", old.id], capture_output=True,
+                               check=False, timeout=30)  # fmt: skip
+        assert alone.returncode == 0 and not os.path.exists(os.path.join(old.root, old.id))
+        new = RuncContainer.start(workdir, children=2, cid=old.id)
+        try:
+            init = new.init_pid()
+            assert wait_for(lambda: any(e.get("event") == "finisher_left" and e.get("container_id") == old.id
+                                        for e in reported_events(workdir)), 60), reported_events(workdir)
+            left = next(e for e in reported_events(workdir) if e.get("event") == "finisher_left")
+            assert "re-created" in left["reason"], left
+            assert new.init_pid() == init and not gone(init) and len(new.pids()) == 3
+            assert new.state()["init_process_pid"] == init
+            print(f"re-created id: finisher left it ({left['reason'][:60]}...); new container running, "
+                  f"{len(new.pids())} processes, {len(new.cgroup_dirs())} dirs")
+        finally:
+            new.destroy()

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from runc_guard.settings import DEFAULT_DELETE_TIMEOUT, load
-from runc_guard.shim.startup import acquire, slots
+from runc_guard.shim.startup import MIN_BUDGET_SHARE, acquire, delete_deadline, slots
 
 
 def test_slots_are_taken_and_given_back(tmp_path: object) -> None:
@@ -111,3 +113,49 @@ def test_overloaded_delete_steps_aside_to_the_runtime(shim_binary: str, tmp_path
     ((_, doc),) = list(iter_aside(cache))
     assert doc is not None
     assert (doc["kind"], doc["runtime"], doc["container_id"]) == (OVERLOAD, runtime, "c1")
+
+
+@pytest.mark.parametrize("finishing", [False, True])
+def test_the_runtime_keeps_its_share_of_the_deadline_at_every_lag(finishing: bool) -> None:
+    """Lag 0-5 s into a 4 s budget (issue 30 case 3): admitted exactly while a quarter of *the
+    delete's own deadline* (its reply margin included) is left, and then that deadline leaves the
+    runtime at least 1 s. Before: with a finisher, lag 2.67-3.0 s was admitted with a deadline
+    already past (the runtime spawned and stopped at once, exit 75)."""
+    timeout = 4.0
+    for step in range(501):
+        lag = step / 100
+        now = 100.0 + lag
+        deadline, margin = delete_deadline(100.0, now, timeout, finishing)
+        admitted = deadline - now >= timeout * MIN_BUDGET_SHARE
+        assert admitted == (lag <= 3.0), lag
+        if admitted:
+            assert deadline - now >= 1.0 - 1e-9, lag
+        assert 0.0 <= margin <= timeout / 2
+        if not finishing or lag <= 2.0:  # room for the whole half-lag margin
+            assert margin == pytest.approx(lag / 2 if finishing else 0.0), lag
+
+
+@pytest.mark.parametrize(("lag", "admitted"), [(0.5, True), (2.5, True), (2.8, True), (2.95, True),
+                                               (3.2, False)])
+def test_what_the_admission_admits_the_delete_can_still_run(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch, lag: float, admitted: bool
+) -> None:
+    """Through the shim's own admission (``_startup_slot``) and the delete's constructor, with a
+    finisher on: an admitted delete's deadline is at least 1 s away; the rest step aside at once."""
+    from runc_guard.delete.run import DeleteRun
+    from runc_guard.settings import Settings
+    from runc_guard.shim import entry, startup
+    from runc_guard.shim.argv import parse
+
+    stepped: list[str] = []
+    monkeypatch.setattr(startup, "acquire", lambda *_a, **_k: -1)
+    monkeypatch.setattr(entry, "_report_overloaded", lambda *a: stepped.append(a[-1]))
+    cache = os.path.join(str(tmp_path), "cache")
+    settings = Settings(cache_dir=cache, delete_timeout=4.0, finish_window=30.0)
+    args = ["--root", str(tmp_path), "delete", "--force", "c1"]
+    origin = time.monotonic() - lag
+    slot = entry._startup_slot(parse(args), settings, os.environ, origin, "/bin/true")
+    assert (slot is not None, bool(stepped)) == (admitted, not admitted)
+    if admitted:
+        run = DeleteRun(parse(args), args, "/bin/true", settings, started=origin)
+        assert run.deadline - time.monotonic() >= 0.95, (lag, run.deadline - time.monotonic())

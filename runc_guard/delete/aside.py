@@ -21,7 +21,7 @@ from runc_guard.delete.pending import record_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Mapping
 
 #: ``<cache_dir>/aside``: in /run, as cgroups do not outlive a boot.
 ASIDE_DIR = "aside"
@@ -36,18 +36,22 @@ def aside_dir(cache_dir: str) -> str:
 #: load was too high. The finisher may finish these (node.finisher); every other kind means
 #: runc-guard could not prove something, and only the sweep's own rules act on it.
 OVERLOAD = "overload"
+#: ``kind`` of a CRI sandbox's dead sibling, recorded by the sandbox's delete so that its reply
+#: never waits on the sibling: the finisher runs the sibling's own delete after that reply.
+SIBLING = "sibling"
 
 
 def write_aside(
     cache_dir: str, runtime_root: str, container_id: str, cgroup_paths: list[str], reason: str,
-    kind: str = "unsure", runtime: str = "",
+    kind: str = "unsure", runtime: str = "", extra: Mapping[str, object] | None = None,
 ) -> str | None:
     """Record a stepped-aside delete's leftovers; the file's path, or None if it cannot be written.
 
     Best effort and small: the delete's own entry already says it stepped aside.
     ``cgroup_paths`` may be empty when the delete stepped aside before reading any
     state (start-up overload): audit then looks the id up itself. ``runtime``: the
-    runtime it ran alone, for a finisher that re-runs its delete.
+    runtime it ran alone, for a finisher that re-runs its delete; ``extra``: what a
+    kind needs besides (a sibling's sandbox, argv and init).
     """
     path = record_path(aside_dir(cache_dir), runtime_root, container_id)
     doc = {
@@ -58,6 +62,7 @@ def write_aside(
         "kind": kind,
         "runtime": runtime,
         "created": round(time.time(), 3),
+        **(extra or {}),
     }
     try:
         write_atomic(path, cjson.dumps(doc).encode(), 0o600, durable=False, dir_mode=0o700)

@@ -34,7 +34,8 @@ class PendingRecord(Value):
     """What a delete could not finish yet: enough for the next delete or the sweep to finish it."""
 
     __slots__ = (
-        "cgroup_paths", "container_id", "created", "init_pid", "init_start", "runtime", "runtime_root",
+        "bundle", "cgroup_paths", "container_id", "created", "init_pid", "init_start", "runtime",
+        "runtime_root", "sandbox_id",
     )
     container_id: str
     runtime_root: str
@@ -43,6 +44,10 @@ class PendingRecord(Value):
     init_start: int
     runtime: str
     created: float
+    #: The state's bundle and CRI sandbox: while containerd holds either, a finisher keeps off
+    #: (kept here because runc 1.1 drops the state that names them). "" when unknown.
+    bundle: str
+    sandbox_id: str
 
     def __init__(
         self,
@@ -53,6 +58,8 @@ class PendingRecord(Value):
         init_start: int,
         runtime: str,
         created: float,
+        bundle: str = "",
+        sandbox_id: str = "",
     ) -> None:
         self._init(locals())
 
@@ -187,6 +194,8 @@ def read_record(path: str) -> PendingRecord:
             init_start=int(doc["init_start"]),
             runtime=str(doc["runtime"]),
             created=float(doc["created"]),
+            bundle=str(doc.get("bundle", "")),
+            sandbox_id=str(doc.get("sandbox_id", "")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: malformed record ({exc})") from None

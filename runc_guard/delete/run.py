@@ -16,8 +16,9 @@ The cgroup paths are recorded durably before anything runs, so whatever the
 deadline leaves is finished by the next delete of the same id or by the sweep.
 Paths that are not provably the container's own make runc-guard step aside:
 the runtime runs unchanged and runc-guard kills and removes nothing itself. A
-delete of a CRI sandbox also finishes the pod's other containers whose init is
-dead (containerd's dead-shim cleanup only ever deletes the sandbox).
+delete of a CRI sandbox also records the pod's other containers whose init is
+dead (containerd's dead-shim cleanup only ever deletes the sandbox): they are
+finished after the sandbox's reply, each by its own delete (node.finisher).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import time
 from runc_guard import cjson
 from runc_guard.atomic import append_line
 from runc_guard.delete import runclog
-from runc_guard.delete.aside import write_aside
+from runc_guard.delete.aside import SIBLING, write_aside
 from runc_guard.delete.bounds import STATS_CAP_BYTES
 from runc_guard.delete.cgroupfs import FALLBACKS, CgroupFsOps, RealCgroupFs, cgroup_mounts
 from runc_guard.delete.cleanup import (
@@ -77,6 +78,7 @@ from runc_guard.errors import (
 from runc_guard.procinfo import ALIVE, DEAD, SERVING_SHIM, UNKNOWN_CALLER, delete_caller, init_liveness
 from runc_guard.settings import SERVING_SHIM_DELETE_TIMEOUT, Settings, first_report
 from runc_guard.shim.argv import Invocation
+from runc_guard.shim.startup import delete_deadline
 from runc_guard.spool import spool_dir
 
 TYPE_CHECKING = False
@@ -102,8 +104,6 @@ class _Verdict:
     """
 
     decided = False
-    #: While a sandbox's siblings are deleted after its own verdict: a signal stops them, not the verdict.
-    siblings = False
 
 
 class Outcome(Exception):
@@ -127,7 +127,7 @@ def signal_name(signum: int) -> str:
 
 
 def _raise_interrupted(signum: int, _frame: object) -> None:
-    if not _Verdict.decided or _Verdict.siblings:  # once decided, a signal changes nothing (_Verdict)
+    if not _Verdict.decided:  # once decided, a signal changes nothing (_Verdict)
         raise Interrupted(signum, signal_name(signum))
 
 
@@ -162,11 +162,13 @@ class DeleteRun:
         self.clock = clock
         #: The deadline counts from the process start (``started``) when the caller knows it.
         self.started = clock() if started is None else min(started, clock())
-        #: Seconds the deadline moved earlier for a busy node (a finisher completes the rest).
-        self.reply_margin = self._reply_margin(clock() - self.started)
         #: What the caller allows this delete (procinfo.delete_caller; delete_budget).
         self.budget = delete_budget(caller, settings.delete_timeout)
-        self.deadline = self.started + self.budget - self.reply_margin
+        #: Seconds the deadline moved earlier for a busy node (a finisher completes the rest):
+        #: the start-up admission's rule (shim.startup.delete_deadline), so both agree.
+        self.deadline, self.reply_margin = delete_deadline(
+            self.started, clock(), self.budget, settings.finish_window > 0
+        )
         self.container_id: str = invocation.container_id
         self.root = os.path.abspath(invocation.root)
         context = {"container_id": self.container_id, "runtime": runtime, "runtime_root": invocation.root}
@@ -198,21 +200,10 @@ class DeleteRun:
         self.waited = False
         #: How a sibling's delete ended (its outcome), once it has.
         self.ended: str | None = None
-        #: The deadline cut this delete (or a sibling's) short and its record stays: finish it later.
+        #: The deadline cut this delete short and its record stays: finish it later.
         self.cut_short = False
-
-    def _reply_margin(self, lag: float) -> float:
-        """How much earlier than ``delete_timeout`` to reply, when a finisher completes the rest.
-
-        ``lag``: how long this delete's budget ran before it could begin (the shim's
-        start, the interpreter, a start-up slot): the work containerd's shim still
-        does after our reply waits for a CPU on the same busy node. With a finisher
-        (``finish_window``) a reply earlier by half that lag costs nothing: what it
-        cuts short is finished afterwards. Never more than half the deadline.
-        """
-        if self.settings.finish_window <= 0 or lag <= 0:
-            return 0.0
-        return min(lag / 2, self.settings.delete_timeout / 2)
+        #: A sandbox's dead siblings were recorded: a finisher deletes them after the reply.
+        self.siblings_left = False
 
     # -- reporting -------------------------------------------------------------
 
@@ -407,8 +398,8 @@ class DeleteRun:
             self.record = self._write_record(state, ownership.paths)
             end = Outcome(*self._delete_container(state, ownership.paths))
         if state.is_sandbox and end.status == 0 and end.outcome in (REMOVED, ALREADY_GONE):
-            # Only once the sandbox itself is gone, within what is left of its deadline.
-            self._finish_siblings(state)
+            # Only once the sandbox itself is gone; their deletes come after this reply.
+            self._record_siblings(state)
         raise end
 
     def _init_started_wall(self, state: ContainerState) -> float | None:
@@ -653,6 +644,8 @@ class DeleteRun:
             init_start=state.init_start,
             runtime=self.runtime,
             created=time.time(),
+            bundle=state.labels.get("bundle", ""),
+            sandbox_id=state.sandbox_id,
         )
         try:
             return write_record(self.settings.pending_dir, record)
@@ -664,16 +657,34 @@ class DeleteRun:
 
     # -- a CRI sandbox's dead siblings -----------------------------------------
 
-    def _finish_siblings(self, sandbox: ContainerState) -> None:
-        """Delete the pod's other containers whose init is dead, within this delete's deadline.
+    def _record_siblings(self, sandbox: ContainerState) -> None:
+        """Record the pod's other containers whose init is dead; their deletes run after this reply.
 
         containerd's dead-shim cleanup deletes only the sandbox (the pod's
         containers shared its shim); their runtime state and cgroups would stay.
-        A sibling whose init is alive, or whose liveness cannot be read, is never
-        touched. Cost on a node with hundreds of containers in the root: a state
-        is parsed only when its bytes name the sandbox (runc's labels, crun's
-        config.json annotations), so the others cost one read each.
+        Deleting them here made the sandbox's reply wait on their cgroups (4 s
+        where stock replies in 50 ms, leaving containerd's cleanup < 1 s before
+        its SIGKILL), so each gets an aside record of kind ``sibling`` and its
+        own delete right after the reply (node.finisher, started for them even
+        with ``finish_window = 0``). A sibling whose init is alive or cannot be judged is not
+        recorded. Nothing here may change the sandbox's verdict: a failure
+        (EAGAIN, ENOMEM, ENFILE on a /proc or state read) is noted, not raised.
+        Cost on a node with hundreds of containers in the root: a state is parsed
+        only when its bytes name the sandbox (runc's labels, crun's config.json
+        annotations), so the others cost one read each.
         """
+        try:
+            done = [self._record_sibling(sandbox, state) for state in self._dead_siblings(sandbox)]
+        except Exception as exc:  # noqa: BLE001 - the sandbox's verdict is final; the sweep has the rest
+            reason = f"cannot record the sandbox's dead siblings: {type(exc).__name__}: {exc}"
+            self.canonical["siblings_error"] = reason
+            self.log.warning("siblings_unrecorded", reason=reason)
+            return
+        if done:
+            self.canonical["siblings"] = done
+            self.siblings_left = True
+
+    def _dead_siblings(self, sandbox: ContainerState) -> list[ContainerState]:
         needle = sandbox.container_id.encode()
         siblings = []
         for container_id in _state_ids(self.invocation.root):
@@ -686,46 +697,23 @@ class DeleteRun:
             dead = init_liveness(state.init_pid, state.init_start) == DEAD
             if state.sandbox_id == sandbox.container_id and dead:
                 siblings.append(state)
-        done: list[dict[str, object]] = []
-        _Verdict.siblings = True
-        try:
-            self._delete_siblings(sandbox, siblings, done)
-        except Interrupted as exc:  # the caller stopped us: the rest wait for a retry or the sweep
-            done.append({"interrupted": str(exc)})
-        finally:
-            _Verdict.siblings = False
-        if done:
-            self.canonical["siblings"] = done
+        return siblings
 
-    def _delete_siblings(
-        self, sandbox: ContainerState, siblings: list[ContainerState], done: list[dict[str, object]]
-    ) -> None:
-        """Each sibling's delete in turn, sharing the sandbox's deadline; a signal stops them all."""
-        for state in siblings:
-            if self.clock() >= self.deadline:
-                done.append({"id": state.container_id, "skipped": "no time left in the sandbox's deadline"})
-                continue
-            sibling = DeleteRun(
-                _sibling_invocation(self.invocation, state.container_id),
-                [*self.invocation.global_args(with_log=False), "delete", "--force", state.container_id],
-                self.runtime,
-                self.settings,
-                fs=self.fs,
-                mounts=self.mounts,
-                clock=self.clock,
-                log=self.log,
-            )
-            sibling.deadline = self.deadline
-            sibling.sibling_of = sandbox.container_id
-            sibling.canonical["sandbox_id"] = sandbox.container_id
-            status = sibling.run_sibling(state)
-            done.append({"id": state.container_id, "exit_status": status})
-            self.cut_short = self.cut_short or sibling.cut_short
-            if sibling.ended == "interrupted":  # a signal reached its runtime child: stop here
-                break
+    def _record_sibling(self, sandbox: ContainerState, state: ContainerState) -> dict[str, object]:
+        """One sibling's aside record: what its own delete needs (argv, identity), nothing judged yet."""
+        args = [*self.invocation.global_args(with_log=False), "delete", "--force", state.container_id]
+        written = write_aside(
+            self.settings.cache_dir, self.root, state.container_id, sorted(set(state.cgroup_paths.values())),
+            f"dead sibling of sandbox {sandbox.container_id}: its own delete follows the sandbox's reply",
+            SIBLING, self.runtime,
+            {"sandbox_id": sandbox.container_id, "args": args, "init_pid": state.init_pid,
+             "init_start": state.init_start},
+        )  # fmt: skip
+        return {"id": state.container_id, "left_for": "finisher" if written else "unrecorded"}
 
     def run_sibling(self, state: ContainerState) -> int:
-        """The same delete for a sibling; its own canonical entry, never on stderr or ``--log``."""
+        """The same delete for a sandbox's sibling (node.finisher, after the sandbox's reply): its own
+        canonical entry and stats line, never on stderr or ``--log``."""
         try:
             self._with_state(state)
         except Outcome as end:
@@ -786,12 +774,6 @@ def _mentions(root: str, container_id: str, needle: bytes) -> bool:
         except OSError:
             return True  # cannot tell from the bytes: let read_state decide
     return False
-
-
-def _sibling_invocation(parent: Invocation, container_id: str) -> Invocation:
-    from runc_guard.shim.argv import parse
-
-    return parse([*parent.global_args(with_log=False), "delete", "--force", container_id])
 
 
 def _own_cost() -> dict[str, int]:
@@ -878,6 +860,7 @@ def run_delete(
         except Exception:  # noqa: BLE001 - reporting itself failed: the status still stands
             status = EXIT_INTERNAL
     deliver(run.log, settings, spool_dir(settings.cache_dir))
-    if run.cut_short and settings.finish_window > 0:  # the status and entries are settled: detached
+    # Settled: detached. A sandbox's siblings are its own delete's job, finisher or not (node.finisher.run).
+    if run.siblings_left or (run.cut_short and settings.finish_window > 0):
         detach_finisher(settings.cache_dir)
     return status

@@ -261,6 +261,8 @@ def parse_crun_status(
         init_start=start,
         cgroups_path=relative,
         created=_timestamp(doc.get("created")),
+        # crun writes the bundle into its status (runc into its labels): who still holds the container
+        labels={"bundle": bundle} if isinstance(bundle := doc.get("bundle"), str) and bundle else None,
         systemd=doc.get("systemd-cgroup") is True,
     )
 

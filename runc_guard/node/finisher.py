@@ -8,13 +8,17 @@ its own session, /dev/null for stdio, none of containerd's pipes); one serves a
 whole storm, niced, for ``finish_window`` seconds after the last record it saw
 appear. For each pending record it:
 
-1. skips it while another delete holds its claim, while the record's init is
-   not provably dead (alive or unknown), or while a serving containerd shim
-   names the container or its sandbox (containerd's own retry owns it then);
-2. waits until every recorded cgroup is empty (woken by ``cgroup.events`` where
-   the kernel has it), killing nothing;
+1. waits until every recorded cgroup is empty (woken by ``cgroup.events`` where
+   the kernel has it), killing nothing, and the record's init is provably dead;
+2. takes the record's claim and, under it, right before acting, looks again
+   (:meth:`Finisher._not_now`): no other delete holds the id, no containerd
+   shim (serving, or a dead-shim cleanup still running) names the container or
+   its sandbox, its bundle is gone, and any runtime state of that id is still
+   the recorded container (init pid and start time): a container re-created
+   under the same id (fixed ctr/nerdctl names, Docker's restart) is never touched;
 3. re-runs the runtime's own ``delete --force`` when it kept its state;
-4. removes what is left, leaf-first, and resets a failed scope of the systemd driver;
+4. removes what is left, leaf-first (the identity looked at once more), and
+   resets a *failed* scope of the systemd driver (never stops an active one);
 5. drops the record and logs one ``delete`` entry, ``outcome=finished_late``.
 
 It also finishes what a delete that stepped aside at start-up overload left to
@@ -26,6 +30,16 @@ ownership checks (``paths.check_container_paths``); then as above, from step 2.
 Every other aside record (runc-guard could not prove something) stays for the
 sweep's own rules and audit.
 
+A CRI sandbox's delete records the pod's dead siblings (aside records of kind
+``sibling``) instead of deleting them before its reply; each gets its own
+delete here (``DeleteRun.run_sibling``: the same decision table, its own
+canonical entry and stats line, its failure its own), once no shim names it or
+its sandbox, no other delete holds it, and its state is still the recorded one
+(looked at again right before each runtime run: :class:`LateSibling`). The
+sandbox's delete starts the finisher for these even with ``finish_window = 0``
+(deleting them was its own job before, inline), and they get neither the quiet
+wait nor the hold on other containers' cleanups (:func:`run`).
+
 What it cannot finish in its window stays for ``runc-guardctl sweep`` and audit.
 """
 
@@ -36,19 +50,20 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from runc_guard.delete.aside import OVERLOAD, iter_aside
+from runc_guard.delete.aside import OVERLOAD, SIBLING, iter_aside
 from runc_guard.delete.cgroupfs import CgroupFsOps, RealCgroupFs, cgroup_mounts
 from runc_guard.delete.cleanup import CgroupBusy, CgroupRemovalFailed, drain, live_pids
 from runc_guard.delete.paths import check_container_paths, init_started_wall
 from runc_guard.delete.pending import BUSY, Claim, PendingRecord, iter_records, remove_record
 from runc_guard.delete.report import EventLog, deliver
-from runc_guard.delete.runtime_child import run_runtime_child
+from runc_guard.delete.run import DeleteRun, Outcome, append_stats
+from runc_guard.delete.runtime_child import RuntimeRun, run_runtime_child
 from runc_guard.delete.state import ContainerState, read_state, runtime_state_exists
-from runc_guard.errors import RuncGuardError, StateMissing, StateUnreadable
+from runc_guard.errors import EXIT_INTERNAL, EXIT_UNSAFE_STATE, RuncGuardError, StateMissing, StateUnreadable
 from runc_guard.node.orphans import cleanups_running, live_shim_ids
 from runc_guard.procinfo import DEAD, init_liveness
 from runc_guard.settings import Settings, load
-from runc_guard.shim.argv import valid_container_id
+from runc_guard.shim.argv import parse, valid_container_id
 from runc_guard.spool import keep_only_stdio_and, spool_dir, step_back
 
 #: How long one pass waits for a recorded cgroup to change before looking again.
@@ -64,6 +79,51 @@ RUNTIME_BUDGET = 10.0
 REMOVE_BUDGET = 2.0
 #: Re-runs of one record's runtime delete that failed before the finisher leaves it to the sweep.
 MAX_ATTEMPTS = 3
+#: A sandbox's dead siblings are tried this long after the last new record, whatever finish_window
+#: says (run): longer than HOLD_MAX, so a storm's cleanups cannot outlast it.
+SIBLING_WINDOW = 60.0
+
+
+@dataclass(frozen=True)
+class SiblingWork:
+    """A CRI sandbox's dead sibling as its sandbox's delete recorded it: what its own delete needs."""
+
+    container_id: str
+    runtime_root: str
+    runtime: str
+    sandbox_id: str
+    #: The runtime call the sibling's delete interposes (the sandbox's global flags, ``delete --force``).
+    args: list[str]
+    init_pid: int
+    init_start: int
+
+
+#: A record's work: a pending record, a sibling to delete, or why it is not ready yet.
+Work = PendingRecord | SiblingWork | str
+
+
+class LateSibling(DeleteRun):
+    """A sandbox's sibling deleted after the sandbox's reply: its wait for the cgroups can take its
+    whole deadline, so right before each runtime run the id's state must still be the recorded
+    container's (init pid and start). A container created under the id meanwhile is never the
+    target of a ``delete --force``: the runtime is not run (``refused``), the record stays."""
+
+    identity: tuple[int, int] = (0, 0)
+
+    def _run_runtime(self, deadline: float | None) -> RuntimeRun:
+        if not os.path.lexists(os.path.join(self.invocation.root, self.container_id)):
+            # Deleted meanwhile (containerd 1.6 deletes a pod's containers itself): the runtime
+            # answers "does not exist" and the table removes what that delete left, as a retry would.
+            return super()._run_runtime(deadline)
+        try:
+            state = read_state(self.invocation.root, self.container_id, self.mounts)
+            same = (state.init_pid, state.init_start) == self.identity
+        except (StateMissing, StateUnreadable):  # a directory without state: one being created
+            same = False
+        if not same:
+            reason = "the id's state changed while its delete waited (re-created?): the runtime was not run"
+            raise Outcome("refused", EXIT_UNSAFE_STATE, reason)
+        return super()._run_runtime(deadline)
 
 
 @dataclass
@@ -81,39 +141,51 @@ class Finisher:
     def now(self) -> float:
         return self.clock()
 
-    def pass_once(self) -> tuple[int, list[str]]:
+    def pass_once(self, siblings_only: bool = False) -> tuple[int, list[str]]:
         """Try every record once; returns (records still pending, populated cgroups to wait on)."""
         pending = 0
         populated: list[str] = []
-        shims: frozenset[str] | None = None
-        for path, record in self._candidates():
+        for path, record in self._candidates(siblings_only):
             pending += 1
             if isinstance(record, str):
                 continue  # not ready yet (why: the string), looked at again next pass
-            busy = [p for p in record.cgroup_paths if self.fs.exists(p) and live_pids(p, self.fs)]
-            if busy:
-                populated.extend(busy)
+            try:
+                if isinstance(record, SiblingWork):
+                    done = self._delete_sibling(path, record)
+                else:
+                    done = self._try(path, record, populated)
+            except Exception as exc:  # noqa: BLE001 - one record's failure is its own, never the pass's
+                self.attempts[path] = self.attempts.get(path, 0) + 1
+                self._log_left(record.container_id, record.runtime_root, f"{type(exc).__name__}: {exc}")
                 continue
-            if init_liveness(record.init_pid, record.init_start, self.proc) != DEAD:
-                continue
-            if shims is None:
-                shims = live_shim_ids(self.proc, serving_only=True)
-            if self._owned_by_a_shim(record, shims):
-                continue
-            if self._finish(path, record):
+            if done:
                 pending -= 1
         return pending, populated
 
-    def _candidates(self) -> list[tuple[str, PendingRecord | str]]:
-        """Pending records, then overload aside records as records (or why not yet)."""
-        found: list[tuple[str, PendingRecord | str]] = []
-        for path, record in iter_records(self.settings.pending_dir):
-            if not isinstance(record, ValueError) and self.attempts.get(path, 0) < MAX_ATTEMPTS:
-                found.append((path, record))
-        for path, doc in iter_aside(self.settings.cache_dir):
-            if doc is None or doc.get("kind") != OVERLOAD or self.attempts.get(path, 0) >= MAX_ATTEMPTS:
+    def _try(self, path: str, record: PendingRecord, populated: list[str]) -> bool:
+        """A record whose cgroups are empty and whose init is dead is finished; else waited for."""
+        busy = [p for p in record.cgroup_paths if self.fs.exists(p) and live_pids(p, self.fs)]
+        if busy:
+            populated.extend(busy)
+            return False
+        if init_liveness(record.init_pid, record.init_start, self.proc) != DEAD:
+            return False
+        return self._finish(path, record)
+
+    def _candidates(self, siblings_only: bool = False) -> list[tuple[str, Work]]:
+        """Pending records, then overload aside records as records (or why not yet), then siblings."""
+        found: list[tuple[str, Work]] = []
+        for path, record in [] if siblings_only else iter_records(self.settings.pending_dir):
+            if isinstance(record, ValueError) or self.attempts.get(path, 0) >= MAX_ATTEMPTS:
                 continue
-            judged = self._judge_overload(doc)
+            if valid_container_id(record.container_id) and os.path.isabs(record.runtime_root):
+                found.append((path, record))  # a record is input: an id that is not one names no path
+        for path, doc in iter_aside(self.settings.cache_dir):
+            kind = doc.get("kind") if doc is not None else None
+            kinds = (SIBLING,) if siblings_only else (OVERLOAD, SIBLING)
+            if doc is None or kind not in kinds or self.attempts.get(path, 0) >= MAX_ATTEMPTS:
+                continue
+            judged = self._judge_overload(doc) if kind == OVERLOAD else _sibling_work(doc)
             if judged is None:
                 self.attempts[path] = MAX_ATTEMPTS  # nothing for the finisher: the sweep and audit judge it
             else:
@@ -149,25 +221,55 @@ class Finisher:
         created = doc.get("created")
         return PendingRecord(
             cid, root, ownership.paths, state.init_pid, state.init_start, runtime,
-            float(created) if isinstance(created, (int, float)) else time.time(),
+            float(created) if isinstance(created, (int, float)) else time.time(), bundle, state.sandbox_id,
         )
 
-    def _owned_by_a_shim(self, record: PendingRecord, shims: frozenset[str]) -> bool:
-        """A serving shim for the container or its CRI sandbox: containerd's retry will come."""
-        if record.container_id in shims:
-            return True
-        try:
-            state = read_state(record.runtime_root, record.container_id)
-        except (StateMissing, StateUnreadable):
-            return False
-        return bool(state.sandbox_id) and state.sandbox_id in shims
+    def _not_now(self, record: PendingRecord) -> tuple[str, bool] | None:
+        """Why the finisher must not act on ``record`` right now (and whether for good); None: act.
+
+        Looked at under the record's claim, right before acting, per record (a
+        pass can take a while: no snapshot of an earlier look serves): containerd
+        still working on the container (a shim, serving or a dead-shim cleanup
+        still running, names it or its sandbox; its bundle still exists), or the
+        runtime state of that id is no longer the recorded container's (re-created:
+        for good, the new container's own delete owns the id), or its init is not
+        provably dead. The bundle does not hold a pod's container whose sandbox's
+        state is gone (the sandbox's siblings): containerd's dead-shim cleanup
+        removes the sandbox's bundle only, the sibling's stays until the CRI
+        removes the container (whose delete then finds the runtime's state gone:
+        "does not exist", success); the shim check still holds it.
+        """
+        sandbox, bundles = record.sandbox_id, [record.bundle]
+        if os.path.lexists(os.path.join(record.runtime_root, record.container_id)):
+            try:
+                state = read_state(record.runtime_root, record.container_id, self.mounts)
+            except StateMissing:
+                return "a container of this id is being created (state directory without state)", False
+            except StateUnreadable as exc:
+                return f"cannot prove the state is still the recorded container's: {exc}", True
+            if (state.init_pid, state.init_start) != (record.init_pid, record.init_start):
+                return (f"re-created: the state's init is {state.init_pid}/{state.init_start}, the record's"
+                        f" {record.init_pid}/{record.init_start}"), True  # fmt: skip
+            sandbox = sandbox or state.sandbox_id
+            bundles.append(state.labels.get("bundle", ""))
+        held = live_shim_ids(self.proc) & {record.container_id, sandbox}
+        if held:
+            return f"a containerd shim still names {sorted(held)[0]}", False
+        bundle = next((b for b in bundles if b and os.path.lexists(b)), None)
+        if bundle is not None and not _sandbox_gone(record.runtime_root, record.container_id, sandbox):
+            return f"containerd still holds the bundle {bundle}", False
+        if init_liveness(record.init_pid, record.init_start, self.proc) != DEAD:
+            return "init not provably dead", False
+        return None
 
     def _finish(self, path: str, record: PendingRecord) -> bool:
-        """Steps 3-5 for one record whose cgroups are empty; True when it is done."""
+        """Steps 2-5 for one record whose cgroups are empty; True when it is done."""
         started = self.now()
         claim = Claim(self.settings.pending_dir, record.runtime_root, record.container_id, started, self.now)
         with claim as held:
             if held == BUSY or not os.path.exists(path):
+                return False
+            if not self._clear(path, record):
                 return False
             reruns = 0
             if runtime_state_exists(record.runtime_root, record.container_id):
@@ -176,6 +278,8 @@ class Finisher:
                 run = run_runtime_child(record.runtime, args, started + RUNTIME_BUDGET, self.now)
                 if run.status != 0 and runtime_state_exists(record.runtime_root, record.container_id):
                     self.attempts[path] = self.attempts.get(path, 0) + 1
+                    return False
+                if not self._clear(path, record):  # re-created while the runtime ran: not ours to remove
                     return False
             try:
                 report = drain(
@@ -193,12 +297,73 @@ class Finisher:
         self.finished.append(record.container_id)
         return True
 
+    def _clear(self, path: str, record: PendingRecord) -> bool:
+        """:meth:`_not_now` says act; otherwise the record waits (or, for good, is left and logged)."""
+        why = self._not_now(record)
+        if why is None:
+            return True
+        reason, for_good = why
+        if for_good:
+            self.attempts[path] = MAX_ATTEMPTS
+            self._log_left(record.container_id, record.runtime_root, reason)
+        return False
+
+    def _delete_sibling(self, path: str, work: SiblingWork) -> bool:
+        """A sandbox's dead sibling: its own delete, once containerd and every other delete are off it.
+
+        Its state must still be the recorded container's (init pid and start,
+        provably dead): a container re-created under the id is left alone. The
+        record goes before the delete runs: from then on the sibling's own
+        pending record (or aside record, if it steps aside) speaks for it.
+        """
+        try:
+            state = read_state(work.runtime_root, work.container_id, self.mounts)
+        except StateMissing:  # deleted meanwhile (containerd, kubelet): nothing of ours left to do
+            self.attempts[path] = MAX_ATTEMPTS
+            remove_record(path)
+            return True
+        except StateUnreadable as exc:
+            self.attempts[path] = MAX_ATTEMPTS
+            self._log_left(work.container_id, work.runtime_root, f"sibling: {exc}")
+            return False
+        record = PendingRecord(work.container_id, work.runtime_root, [], work.init_pid, work.init_start,
+                               work.runtime, 0.0, "", work.sandbox_id)  # fmt: skip
+        if not self._clear(path, record):
+            return False
+        probe = Claim(self.settings.pending_dir, work.runtime_root, work.container_id, self.now(), self.now)
+        with probe as held:
+            if held == BUSY:
+                return False  # another delete of it runs: that one finishes it
+        log = EventLog(self.settings.log_level, {"container_id": work.container_id, "runtime": work.runtime,
+                                                 "runtime_root": work.runtime_root})  # fmt: skip
+        sibling = LateSibling(parse(work.args), list(work.args), work.runtime, self.settings, fs=self.fs,
+                              mounts=self.mounts, clock=self.clock, log=log)  # fmt: skip
+        sibling.identity = (work.init_pid, work.init_start)
+        sibling.sibling_of = work.sandbox_id
+        sibling.canonical["sandbox_id"] = work.sandbox_id
+        remove_record(path)
+        try:
+            sibling.run_sibling(state)
+        except Exception as exc:  # noqa: BLE001 - the sibling's failure is its own entry, nothing more
+            reason = f"internal error: {type(exc).__name__}: {exc}; recorded for runc-guardctl sweep"
+            try:
+                sibling.finish(Outcome("internal_error", EXIT_INTERNAL, reason), final=False)
+            except Exception:  # noqa: BLE001 - reporting failed too: the sweep and audit see the state
+                pass
+        deliver(log, self.settings, spool_dir(self.settings.cache_dir))
+        self.finished.append(work.container_id)
+        return True
+
+    def _log_left(self, container_id: str, runtime_root: str, reason: str) -> None:
+        """One entry for a record left for good (to the sweep, audit, or the id's new owner)."""
+        log = EventLog(self.settings.log_level, {"container_id": container_id, "runtime_root": runtime_root})
+        log.warning("finisher_left", reason=reason)
+        deliver(log, self.settings, spool_dir(self.settings.cache_dir))
+
     def _report(
         self, record: PendingRecord, reruns: int, removed: int, scope: dict[str, object] | None, left_by: str
     ) -> None:
         """One canonical entry, as a delete's, and its stats line for the metrics."""
-        from runc_guard.delete.run import append_stats
-
         entry: dict[str, object] = {
             "outcome": "finished_late",
             "left_by": left_by,
@@ -223,27 +388,62 @@ def _has_init(state: ContainerState) -> bool:
 
 
 def _reset_scope(record: PendingRecord, fs: CgroupFsOps, deadline: float) -> dict[str, object] | None:
-    """The systemd driver: a scope left failed by the cut-short delete is reset once empty."""
+    """The systemd driver: a scope left *failed* by the cut-short delete is reset once empty.
+
+    Only reset-failed, never ``systemctl stop``: an active unit of that name is
+    not the finisher's (a container re-created under the id runs in it) and is
+    left as it is, and so is one still deactivating (systemd's own stop job).
+    """
     from runc_guard.delete.unit_name import transient_unit_loaded
 
     units = {os.path.basename(p) for p in record.cgroup_paths if p.endswith(".scope")}
     for unit in sorted(units):
         if transient_unit_loaded(unit) is False:
             continue
-        from runc_guard.delete.systemd_scope import settle
+        from runc_guard.delete.systemd_scope import query, reset_failed
 
-        def empty() -> bool:
-            return not any(live_pids(p, fs) for p in record.cgroup_paths if fs.exists(p))
-
-        return settle(unit, empty, deadline).as_dict()
+        current = query(unit, deadline)
+        status = current.status
+        if status is None or status.active_state != "failed":
+            return current.as_dict()  # not loaded, inactive, active or deactivating: not ours to change
+        if any(live_pids(p, fs) for p in record.cgroup_paths if fs.exists(p)):
+            return current.as_dict()
+        return reset_failed(unit, deadline).as_dict()
     return None
 
 
-def _work(settings: Settings) -> set[str]:
-    """The files a finisher is for: pending records and overload aside records."""
-    names = {p for p, _ in iter_records(settings.pending_dir)}
+def _sandbox_gone(root: str, container_id: str, sandbox: str) -> bool:
+    """``container_id`` belongs to a CRI pod whose sandbox (another container) has no runtime state left."""
+    if not sandbox or sandbox == container_id or not valid_container_id(sandbox):
+        return False
+    return not os.path.lexists(os.path.join(root, sandbox))
+
+
+def _sibling_work(doc: Mapping[str, object]) -> SiblingWork | None:
+    """A sibling aside record as work, or None when it is not one a sandbox's delete wrote (input)."""
+    cid, root, runtime = doc.get("container_id"), doc.get("runtime_root"), doc.get("runtime")
+    sandbox, args = doc.get("sandbox_id"), doc.get("args")
+    pid, start = doc.get("init_pid"), doc.get("init_start")
+    if not (isinstance(cid, str) and isinstance(root, str) and isinstance(runtime, str)
+            and isinstance(sandbox, str) and isinstance(args, list) and isinstance(pid, int)
+            and isinstance(start, int) and all(isinstance(a, str) for a in args)):  # fmt: skip
+        return None
+    if not (valid_container_id(cid) and valid_container_id(sandbox) and os.path.isabs(root)
+            and os.path.isabs(runtime) and pid > 0 and start > 0):  # fmt: skip
+        return None
+    argv = [str(a) for a in args]
+    invocation = parse(argv)
+    if not (invocation.is_delete and invocation.force and invocation.container_id == cid
+            and os.path.abspath(invocation.root) == os.path.normpath(root)):  # fmt: skip
+        return None
+    return SiblingWork(cid, root, runtime, sandbox, argv, pid, start)
+
+
+def _work(settings: Settings, kinds: tuple[str, ...] = (OVERLOAD, SIBLING), pending: bool = True) -> set[str]:
+    """The files a finisher is for: pending records, overload and sibling aside records."""
+    names = {p for p, _ in iter_records(settings.pending_dir)} if pending else set()
     for path, doc in iter_aside(settings.cache_dir):
-        if doc is not None and doc.get("kind") == OVERLOAD:
+        if doc is not None and doc.get("kind") in kinds:
             names.add(path)
     return names
 
@@ -259,23 +459,34 @@ def run(
     a killed one leaves its task unfinished for good: they get the CPU first); a
     steady stream of cleanups holds it back at most HOLD_MAX s after the last new
     record. ``seen`` collects the record files looked at (the caller's, across runs).
+
+    A sandbox's dead siblings are deleted at once, without the ``quiet`` wait or the
+    hold on other containers' cleanups (they ran inline, on containerd's time,
+    before; now niced and after the reply), each as soon as no shim names it or its
+    sandbox (the sandbox's own cleanup ends right after its reply), and with
+    ``window`` 0 too, for SIBLING_WINDOW s: deleting them is the sandbox's delete's
+    own job moved after its reply, not the opt-in finishing of what a deadline cut
+    short (which ``window`` 0 turns off).
     """
     finisher = finisher or Finisher(settings)
     seen = set() if seen is None else seen
     last_new = last_busy = finisher.now()
     while True:
         names = _work(settings)
+        siblings = _work(settings, (SIBLING,), pending=False)
         now = finisher.now()
         if names - seen:
             last_new = now
         seen |= names
-        if not names or now - last_new >= quiet + window:
+        if not names or now - last_new >= max(quiet + window, SIBLING_WINDOW if siblings else 0.0):
             return finisher
+        if siblings:
+            finisher.pass_once(siblings_only=True)
         if now - last_new < HOLD_MAX and cleanups_running(finisher.proc):
             last_busy = now
         calm = min(now - last_new, now - last_busy)
-        if calm < quiet:
-            wait = min(POLL, quiet - calm)
+        if window <= 0 or now - last_new >= quiet + window or calm < quiet:
+            wait = min(POLL, quiet - calm) if calm < quiet else POLL
             finisher.fs.wait_for_change([], wait, wait)
             continue
         pending, populated = finisher.pass_once()

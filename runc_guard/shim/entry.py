@@ -82,11 +82,20 @@ def _startup_slot(
     """
     import time
 
-    from runc_guard.shim.startup import MAX_WAIT, MIN_BUDGET_SHARE, WAIT_SHARE, acquire, slots
+    from runc_guard.shim.startup import (
+        MAX_WAIT,
+        MIN_BUDGET_SHARE,
+        WAIT_SHARE,
+        acquire,
+        delete_deadline,
+        slots,
+    )
 
     started = origin or time.monotonic()
-    left = started + settings.delete_timeout - time.monotonic()
-    if left < settings.delete_timeout * MIN_BUDGET_SHARE:
+    now = time.monotonic()
+    # The deadline the delete will use (its reply margin included), not the bare budget.
+    deadline, _margin = delete_deadline(started, now, settings.delete_timeout, settings.finish_window > 0)
+    if deadline - now < settings.delete_timeout * MIN_BUDGET_SHARE:
         spent = int((time.monotonic() - started) * 1000)
         _report_overloaded(
             invocation,
