@@ -304,7 +304,8 @@ class RuncContainer:
         directory = os.path.join(workdir, cid)
         if os.path.exists(directory):  # the id's earlier container keeps its bundle
             directory = os.path.join(workdir, unique(cid))
-        bundle = make_bundle(directory, relative, sleepers_script(children), host_pid, annotations=annotations)
+        script = sleepers_script(children)
+        bundle = make_bundle(directory, relative, script, host_pid, annotations=annotations)
         root = os.path.join(workdir, "runc-root")
         ctr = cls(cid, root, bundle, relative, runc)
         # stdio must not be a pipe: the detached container keeps it open forever.
