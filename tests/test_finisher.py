@@ -631,3 +631,16 @@ def test_a_sibling_deleted_meanwhile_by_another_delete_leaves_no_record(lab: Lab
     lab.fs.on_wait = deleted_by_containerd
     assert run(lab.settings, 60.0, _finisher(lab), quiet=0).finished == ["app"]
     assert lab.records() == [] and not any(lab.fs.exists(d) for d in dirs)
+
+
+def test_the_finisher_reclaims_a_memcg_before_it_removes_it(lab: Lab) -> None:
+    """What a cut-short delete left is removed by the finisher after the reply: an empty memory
+    cgroup among it is reclaimed first (the sweep's budget), and the entry says how much (issue 32)."""
+    dirs, _record = _cut_short(lab, "c1")
+    lab.fs.charged[dirs[0]] = 3 << 20
+    finisher = run(lab.settings, 60.0, _finisher(lab), quiet=0)
+    assert finisher.finished == ["c1"]
+    assert [p for p, _ in lab.fs.reclaims] == [dirs[0]] and not lab.fs.exists(dirs[0])
+    entry = lab.entry()
+    assert entry["memcg_reclaimed_kb"] == 3 << 10 and "memcg_unreclaimed" not in entry
+    assert [s["reclaimed_kb"] for s in lab.stats()] == [3 << 10]

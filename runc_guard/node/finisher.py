@@ -52,9 +52,10 @@ from dataclasses import dataclass, field
 
 from runc_guard.delete.aside import OVERLOAD, SIBLING, iter_aside
 from runc_guard.delete.cgroupfs import CgroupFsOps, RealCgroupFs, cgroup_mounts
-from runc_guard.delete.cleanup import CgroupBusy, CgroupRemovalFailed, drain, live_pids
+from runc_guard.delete.cleanup import CgroupBusy, CgroupRemovalFailed, CleanupReport, drain, live_pids
 from runc_guard.delete.paths import check_container_paths, init_started_wall
 from runc_guard.delete.pending import BUSY, Claim, PendingRecord, iter_records, remove_record
+from runc_guard.delete.reclaim import SWEEP_BUDGET as RECLAIM_BUDGET
 from runc_guard.delete.report import EventLog, deliver
 from runc_guard.delete.run import DeleteRun, Outcome, append_stats
 from runc_guard.delete.runtime_child import RuntimeRun, run_runtime_child
@@ -284,7 +285,7 @@ class Finisher:
             try:
                 report = drain(
                     record.cgroup_paths, self.fs, self.now() + REMOVE_BUDGET, self.settings.poll_interval,
-                    may_kill=False, remove=True, clock=self.now,
+                    may_kill=False, remove=True, clock=self.now, reclaim_budget=RECLAIM_BUDGET,
                 )
             except (CgroupBusy, CgroupRemovalFailed):
                 self.attempts[path] = self.attempts.get(path, 0) + 1
@@ -293,7 +294,7 @@ class Finisher:
             remove_record(path)
         in_pending = os.path.dirname(path) == os.path.normpath(self.settings.pending_dir)
         left_by = "deadline" if in_pending else "overload"
-        self._report(record, reruns, len(report.removed), scope, left_by)
+        self._report(record, reruns, report, scope, left_by)
         self.finished.append(record.container_id)
         return True
 
@@ -361,7 +362,8 @@ class Finisher:
         deliver(log, self.settings, spool_dir(self.settings.cache_dir))
 
     def _report(
-        self, record: PendingRecord, reruns: int, removed: int, scope: dict[str, object] | None, left_by: str
+        self, record: PendingRecord, reruns: int, cleanup: CleanupReport, scope: dict[str, object] | None,
+        left_by: str,
     ) -> None:
         """One canonical entry, as a delete's, and its stats line for the metrics."""
         entry: dict[str, object] = {
@@ -369,9 +371,13 @@ class Finisher:
             "left_by": left_by,
             "cgroup_paths": record.cgroup_paths,
             "runtime_runs": reruns,
-            "removed": removed,
+            "removed": len(cleanup.removed),
             "since_record_ms": int(max(0.0, time.time() - record.created) * 1000),
         }
+        if cleanup.reclaimed:
+            entry["memcg_reclaimed_kb"] = cleanup.reclaimed >> 10
+        if cleanup.unreclaimed:
+            entry["memcg_unreclaimed"] = cleanup.unreclaimed
         if scope is not None:
             entry["systemd_scope_after"] = scope
         context = {"container_id": record.container_id, "runtime": record.runtime,
