@@ -693,7 +693,9 @@ def busy_report(paths: list[str]) -> str:
 def guard_events(settings: dict[str, str], event: str | None = None) -> list[dict[str, Any]]:
     """runc-guard's ``--log``-independent event lines (delete, state_unreadable ...)."""
     path = settings["RUNC_GUARD_LOG_FILE"]
-    wait_reported(settings["RUNC_GUARD_CACHE_DIR"])
+    # The reporter runs at nice 19 in its own autogroup: on two cores busy with both test
+    # workers it can wait many seconds for a CPU (a storm's last entry came after 10 s once).
+    wait_reported(settings["RUNC_GUARD_CACHE_DIR"], timeout=30)
     if not os.path.exists(path):
         return []
     with open(path) as f:
