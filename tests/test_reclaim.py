@@ -133,3 +133,12 @@ def test_a_populated_memcg_is_never_reclaimed_and_one_left_charged_is_reported()
     assert [p for p, _ in fs.reclaims] == ["/cg/memory/pod/ctr/child", "/cg/memory/pod/ctr"]
     assert report.unreclaimed == {"/cg/memory/pod/ctr/child": "too much dirty (writeback would block)"}
     assert report.reclaimed == 1 << 20 and os.path.basename(fs.rmdirs[-1]) == "ctr"
+
+
+def test_a_memcg_without_page_cache_is_not_forced(tmp_path: Path) -> None:
+    """Charged but with no page cache (kernel memory, reparented at offline): nothing pins it, so
+    nothing is written, and the clean delete does not pay force_empty's per-CPU drain."""
+    cg = _v1(tmp_path / "cg", 300 << 10)
+    (cg / "memory.stat").write_text("cache 0\nrss 0\ndirty 0\nwriteback 0\n")
+    result = reclaim.reclaim(str(cg), deadline=float("inf"))
+    assert (cg / "memory.force_empty").read_text() == "" and result.skipped == "" and result.reclaimed == 0
