@@ -395,14 +395,17 @@ class Lifecycle:
 
 def volume_writer_lifecycle(
     workdir: str, parent: str, volume: str, delete: list[str], env: dict[str, str], mib: int = 1,
+    synced: bool = False,
 ) -> Lifecycle:
     """A real runc host-PID container in ``/<parent>/<id>`` that writes ``mib`` MiB into ``volume``
     (bind-mounted at /volume: a log in a volume that outlives it), dies (init SIGKILLed: the
     dead-shim path), and is deleted by ``delete`` (a runtime's argv) with ``delete --force``.
+    ``synced``: the file is fsync'd, so its pages are clean when the delete comes.
     Whatever happened, no process of it is left and its state is gone."""
     cid = unique("rgtest-memcg")
     directory = os.path.join(workdir, cid)
-    script = f"dd if=/dev/zero of=/volume/{cid}.log bs=1M count={mib} 2>/dev/null; exec sleep 1000"
+    fsync = " conv=fsync" if synced else ""
+    script = f"dd if=/dev/zero of=/volume/{cid}.log bs=1M count={mib}{fsync} 2>/dev/null; exec sleep 1000"
     bundle = make_bundle(directory, f"/{parent}/{cid}", script)
     os.symlink("busybox", os.path.join(bundle, "rootfs", "bin", "dd"))
     os.makedirs(os.path.join(bundle, "rootfs", "volume"))

@@ -70,8 +70,9 @@ def test_v2_asks_in_chunks_and_stops_when_the_kernel_cannot_give_more(tmp_path: 
 
 
 def test_io_pressure_leaves_the_memcg_as_it_is(tmp_path: Path) -> None:
-    """PSI says the node waits on its disk: no writeback is added; no PSI at all does not stop it."""
-    cg = _v1(tmp_path / "cg", 1 << 20)
+    """PSI says the node waits on its disk: no writeback is added (dirty pages); clean page cache is
+    dropped without I/O and still reclaimed; no PSI at all does not stop it."""
+    cg = _v1(tmp_path / "cg", 1 << 20, dirty=4096)
     busy = tmp_path / "io"
     busy.write_text("some avg10=35.00 avg60=20.00 avg300=5.00 total=1\n"
                     "full avg10=30.00 avg60=1.00 avg300=1.00 total=1\n")
@@ -80,6 +81,9 @@ def test_io_pressure_leaves_the_memcg_as_it_is(tmp_path: Path) -> None:
     assert reclaim.io_pressure(str(busy)) == 35.0
     assert reclaim.io_pressure(str(tmp_path / "no-psi")) is None
     assert reclaim.reclaim(str(cg), float("inf"), pressure=str(tmp_path / "no-psi")).skipped == ""
+    clean = _v1(tmp_path / "clean", 1 << 20)
+    assert reclaim.reclaim(str(clean), float("inf"), pressure=str(busy)).skipped == ""
+    assert (clean / "memory.force_empty").read_text() == "0"
 
 
 def test_an_empty_charge_writes_nothing(tmp_path: Path) -> None:

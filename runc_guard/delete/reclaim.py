@@ -53,7 +53,8 @@ MAX_CHARGE = 128 << 20
 MAX_DIRTY = 4 << 20
 
 #: Above this share of time some task stalled on I/O (PSI, /proc/pressure/io ``some avg10``, %),
-#: reclaim would add writeback to a node already waiting on its disk: the memcg is left as it is.
+#: reclaiming dirty pages would add writeback to a node already waiting on its disk: the memcg is
+#: left as it is. Clean page cache is dropped without any I/O, so it is reclaimed regardless.
 IO_PRESSURE_MAX = 20.0
 IO_PRESSURE = "/proc/pressure/io"
 
@@ -166,7 +167,7 @@ def reclaim(
         # Nothing pins it: an exited cgroup's anonymous memory is gone and the kernel reparents its
         # kernel memory when it goes offline. A force_empty here would only cost the reply ~2.5 ms.
         return Reclaim(before, before, method)
-    stalled = io_pressure(pressure)
+    stalled = io_pressure(pressure) if cache[1] else None  # clean pages are dropped, never written
     if stalled is not None and stalled > IO_PRESSURE_MAX:
         return Reclaim(before, before, method, skipped=f"I/O pressure (some avg10 {stalled:.0f}%)")
     if cache[0] > MAX_CHARGE:
