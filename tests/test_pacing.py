@@ -453,7 +453,7 @@ def _empty_sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]
 
 
 def test_adaptive_is_the_default_pacing(tmp_path: Path) -> None:
-    """Without --pacing the sweep paces itself (docs/sweep-pacing.md, 2026-12-01), in the CLI and the API."""
+    """Without --pacing the sweep paces itself (docs/sweep-pacing.md), in the CLI and the API."""
     assert DEFAULT_PACING == SweepOptions().pacing == "adaptive"
     done = _empty_sweep(tmp_path)
     assert done.returncode == 0, done.stderr
