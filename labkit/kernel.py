@@ -214,8 +214,16 @@ class FreezerHold:
             with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
                 f.write(str(pid))
             self.pids.append(pid)
-        self._state("FROZEN")
-        wait_for(lambda: self._read_state() == "FROZEN", 5)
+        # Write FROZEN until it reads FROZEN: the kernel freezes a sleeping task in place,
+        # but a task that was running or runnable at the write is only woken (a fake
+        # signal), and one in the cgroup2 freezer's trap goes straight back to sleep there
+        # unfrozen (freeze_v2_first); each write tries the tasks not yet frozen again.
+        def frozen() -> bool:
+            self._state("FROZEN")
+            return self._read_state() == "FROZEN"
+
+        if not wait_for(frozen, 5):
+            raise RuntimeError(f"{self.path} did not freeze: {self._read_state()}")
 
     def release(self) -> None:
         self._state("THAWED")
