@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 # the VM lab of a pure cgroup v2 node (qemu under TCG, its disk made by mkfs.ext4 -d).
 APT_PACKAGES := runc containerd crun busybox-static python3-venv systemd util-linux procps make \
 	debootstrap systemd-container prometheus strace gcc libc6-dev qemu-system-x86 e2fsprogs
-SOURCES := $(shell find runc_guard bin -type f -name '*' -not -name '*.pyc') pyproject.toml
+SOURCES := $(shell find runc_guard bin launcher -type f -name '*' -not -name '*.pyc') pyproject.toml setup.py
 STAMP := $(VENV)/.installed
 
 .PHONY: deps venv lint typecheck unit kernel integration test demo bench clean
@@ -24,14 +24,18 @@ deps:
 	fi
 
 # A real (not editable) install: the shim's start-up cost is part of what we measure,
-# and an editable install adds an import hook to every interpreter start. The shim
-# runs under `python -IS` as the .deb installs it (bin/runc-guard adds the venv's packages).
+# and an editable install adds an import hook to every interpreter start. pip's
+# setuptools hook (setup.py) compiles the launcher to $(VENV)/bin/runc-guard, beside
+# the Python entry runc-guard.py, which runs under `python -IS` as the .deb installs
+# it (bin/runc-guard.py adds the venv's packages). The suite and the benches go
+# through the launcher: here a venv without one is an error, not a fallback.
 $(STAMP): $(SOURCES)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip >/dev/null
 	$(PY) -m pip install -q '.[test]'
-	sed -i '1s|^#!\(.*/python[0-9.]*\)$$|#!\1 -IS|' $(VENV)/bin/runc-guard
-	head -1 $(VENV)/bin/runc-guard | grep -q -- ' -IS$$'
+	sed -i '1s|^#!\(.*/python[0-9.]*\)$$|#!\1 -IS|' $(VENV)/bin/runc-guard.py
+	head -1 $(VENV)/bin/runc-guard.py | grep -q -- ' -IS$$'
+	test "$$(head -c4 $(VENV)/bin/runc-guard | od -An -c | tr -d ' ')" = '177ELF'
 	touch $@
 
 venv: $(STAMP)
@@ -71,7 +75,8 @@ bench: deps venv
 clean:
 	rm -rf $(VENV) build dist *.egg-info
 
-# dist/runc-guard_<version>_all.deb for Debian 12 (dpkg-deb only; depends on Debian's python3-* libs).
+# dist/runc-guard_<version>_<arch>.deb for Debian 12 (dpkg-deb + gcc: the static launcher, then the
+# Python package on Debian's python3-* libs).
 .PHONY: deb single-file
 deb: venv
 	PYTHON=$(abspath $(PY)) packaging/build-deb.sh dist

@@ -19,6 +19,7 @@ import time
 #: (module, arguments for the full run, arguments for --quick)
 BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
     ("passthrough", ["--rounds", "60"], ["--rounds", "15"]),
+    ("launcher", ["--rounds", "150"], ["--rounds", "15"]),
     ("delete_clean", ["--rounds", "30"], ["--rounds", "8", "--import-rounds", "20"]),
     ("wakeup", ["--runs", "100"], ["--runs", "20", "--long-runs", "2", "--long", "1"]),
     ("concurrency", ["--containers", "50"], ["--containers", "10"]),

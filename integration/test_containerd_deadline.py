@@ -14,7 +14,8 @@ pytestmark = pytest.mark.kernel
 
 @pytest.fixture(scope="module")
 def short_deadline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cl.GuardedLab]:
-    """containerd whose runc-guard gives up after 1 s (RUNC_GUARD_DELETE_TIMEOUT)."""
+    """containerd whose runc-guard gives up after 1 s (RUNC_GUARD_DELETE_TIMEOUT); ``ctr task delete``
+    goes through the serving shim, whose budget is at least 7 s (docs/deadline.md)."""
     with cl.guarded_containerd_in(tmp_path_factory, "rgctd-deadline", RUNC_GUARD_DELETE_TIMEOUT="1") as lab:
         yield lab
 

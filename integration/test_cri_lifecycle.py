@@ -13,7 +13,7 @@ import pytest
 
 from labkit import containerd as cl
 from labkit import cri as cr
-from runc_guard.settings import DEFAULT_DELETE_TIMEOUT
+from runc_guard.settings import SERVING_SHIM_DELETE_TIMEOUT
 
 pytestmark = pytest.mark.kernel
 
@@ -45,9 +45,9 @@ EXPECTED = {
     "rmp": (0, []),
     "rmp-left": ([], False),
 }
-#: The retry scenario: children take this long, past runc-guard's delete_timeout.
-RETRY_RELEASE = 2.5 + DEFAULT_DELETE_TIMEOUT + 1.5
-#: Where stock runc leaks in the retry scenario (host PID, ~8 s teardown): containerd 1.6
+#: The retry scenario: children take this long, past runc-guard's budget under the serving shim.
+RETRY_RELEASE = 2.5 + SERVING_SHIM_DELETE_TIMEOUT + 1.5
+#: Where stock runc leaks in the retry scenario (host PID, ~11 s teardown): containerd 1.6
 #: deletes ~2.2 s after the stop, runc 1.1.5 exits 0 and leaves the dirs; containerd 2.2's
 #: shim waits for every process before it reports the exit, so the delete finds them gone.
 RETRY_STOCK_LEAKS = {cl.CONTAINERD_16}

@@ -1,5 +1,5 @@
 """CRI normal path (shim alive) through crictl: stop / rm / stopp / rmp with a slow teardown,
-and a teardown longer than runc-guard's delete_timeout (the deadline).
+and a teardown longer than runc-guard's budget there (the deadline: SERVING_SHIM_DELETE_TIMEOUT).
 
 Each cell runs through the ``stock`` handler (the control) and the ``runc-guard``
 handler of one containerd at once, in PID modes container / pod / node, on
@@ -14,14 +14,14 @@ import pytest
 
 from labkit import containerd as cl
 from labkit import cri as cr
-from runc_guard.settings import DEFAULT_DELETE_TIMEOUT
+from runc_guard.settings import SERVING_SHIM_DELETE_TIMEOUT
 
 pytestmark = pytest.mark.kernel
 
 #: Path A: the children take 3 s; containerd 1.6's CRI deletes ~2.2 s after the stop.
 RELEASE = 3.0
-#: Deadline: longer than that wait plus runc-guard's delete_timeout, with a margin.
-DEADLINE_RELEASE = 2.5 + DEFAULT_DELETE_TIMEOUT + 1.5
+#: Deadline: longer than that wait plus runc-guard's budget under the serving shim, with a margin.
+DEADLINE_RELEASE = 2.5 + SERVING_SHIM_DELETE_TIMEOUT + 1.5
 #: Where stock runc leaks on the normal path with the 3 s teardown: containerd 1.6 deletes
 #: ~2.2 s after the stop; containerd 2.2's shim, and an own PID namespace (init exits
 #: last), wait for every process.
@@ -65,7 +65,7 @@ def test_path_a(labs: cr.Labs, version: str, mode: str, summary: list[str]) -> N
 
 @pytest.mark.parametrize(("version", "mode"), cr.cell_params(KNOWN_GAPS))
 def test_deadline(labs: cr.Labs, version: str, mode: str, summary: list[str]) -> None:
-    """Teardown longer than delete_timeout: where the delete comes while the children live,
+    """Teardown longer than the serving shim's budget: where the delete comes while the children live,
     runc-guard gives up in time (exit 75, record kept) and the CRI's retried delete finishes
     the job; elsewhere the delete comes after the teardown. Either way 0 dirs, 0 state."""
     lab = labs(version)

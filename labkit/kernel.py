@@ -291,13 +291,18 @@ class RuncContainer:
 
     @classmethod
     def start(
-        cls, workdir: str, children: int = 3, parent: str | None = None, runc: str = RUNC
+        cls,
+        workdir: str,
+        children: int = 3,
+        parent: str | None = None,
+        runc: str = RUNC,
+        host_pid: bool = True,
     ) -> RuncContainer:
-        """Run a host-PID container with ``runc`` (Debian's by default; the state is that runc's)."""
+        """Run a container with ``runc`` (Debian's by default; state is that runc's); host PID unless told."""
         cid = unique("rgtest-ctr")
         parent = parent or unique("rgtest")
         relative = f"/{parent}/{cid}"
-        bundle = make_bundle(os.path.join(workdir, cid), relative, sleepers_script(children))
+        bundle = make_bundle(os.path.join(workdir, cid), relative, sleepers_script(children), host_pid)
         root = os.path.join(workdir, "runc-root")
         ctr = cls(cid, root, bundle, relative, runc)
         # stdio must not be a pipe: the detached container keeps it open forever.
@@ -374,6 +379,58 @@ class RuncContainer:
                 with contextlib.suppress(OSError):
                     os.rmdir(os.path.join(mount, parent.strip("/")))
 
+
+@dataclass
+class Lifecycle:
+    """One container's life and delete (volume_writer_lifecycle): the delete's status and wall time."""
+
+    id: str
+    status: int
+    delete_s: float
+    stderr: str
+
+
+def volume_writer_lifecycle(
+    workdir: str, parent: str, volume: str, delete: list[str], env: dict[str, str], mib: int = 1,
+) -> Lifecycle:
+    """A real runc host-PID container in ``/<parent>/<id>`` that writes ``mib`` MiB into ``volume``
+    (bind-mounted at /volume: a log in a volume that outlives it), dies (init SIGKILLed: the
+    dead-shim path), and is deleted by ``delete`` (a runtime's argv) with ``delete --force``.
+    Whatever happened, no process of it is left and its state is gone."""
+    cid = unique("rgtest-memcg")
+    directory = os.path.join(workdir, cid)
+    script = f"dd if=/dev/zero of=/volume/{cid}.log bs=1M count={mib} 2>/dev/null; exec sleep 1000"
+    bundle = make_bundle(directory, f"/{parent}/{cid}", script)
+    os.symlink("busybox", os.path.join(bundle, "rootfs", "bin", "dd"))
+    os.makedirs(os.path.join(bundle, "rootfs", "volume"))
+    with open(os.path.join(bundle, "config.json")) as f:
+        config = json.load(f)
+    config["mounts"].append({"destination": "/volume", "type": "bind", "source": volume,
+                             "options": ["rbind", "rw"]})  # fmt: skip
+    with open(os.path.join(bundle, "config.json"), "w") as f:
+        json.dump(config, f)
+    root = os.path.join(workdir, "runc-root")
+    relative = f"/{parent}/{cid}"
+    try:
+        quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        subprocess.run([RUNC, "--root", root, "run", "-d", cid], cwd=bundle, check=True, timeout=30, **quiet)
+        log = os.path.join(volume, f"{cid}.log")
+        if not wait_for(lambda: os.path.exists(log) and os.path.getsize(log) == mib << 20, 60):
+            raise RuntimeError(f"{cid} did not write {mib} MiB")
+        with open(os.path.join(root, cid, "state.json")) as f:
+            init = int(json.load(f)["init_process_pid"])
+        os.kill(init, signal.SIGKILL)
+        wait_for(lambda: not any(procs(d) for d in dirs_named(relative)), 10)
+        started = time.monotonic()
+        done = subprocess.run([*delete, "--root", root, "delete", "--force", cid], capture_output=True,
+                              text=True, env=env, check=False, timeout=60)  # fmt: skip
+        return Lifecycle(cid, done.returncode, time.monotonic() - started, done.stderr)
+    finally:
+        for d in dirs_named(relative):
+            for pid in procs(d):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        subprocess.run([RUNC, "--root", root, "delete", "--force", cid], capture_output=True, check=False)
 
 def freeze_v2_first(container_dir: str, pids: list[int], name: str = "held") -> str:
     """Move ``pids`` into a child of the container's cgroup2 directory, frozen (``cgroup.freeze``).

@@ -251,8 +251,9 @@ class HostCgroups:
 # -- the machine ----------------------------------------------------------------------
 
 
-LAUNCHER = f"""#!/usr/bin/python3
-# runc-guard from the read-only checkout, under the machine's own python3.
+PY_ENTRY = f"""#!/usr/bin/python3
+# runc-guard's Python entry from the read-only checkout, under the machine's own python3
+# (the compiled launcher beside it, rg-bin/runc-guard, hands it what it does not route).
 import sys
 sys.path.insert(0, {GUARD_SRC!r})
 from runc_guard.shim.entry import main
@@ -302,7 +303,10 @@ def _prepare_binds(workdir: str) -> list[str]:
     )
     _write(os.path.join(workdir, "containerd", "config.toml"), CONTAINERD_CONFIG)
     bindir = os.path.join(workdir, "rg-bin")
-    _write(os.path.join(bindir, "runc-guard"), LAUNCHER, 0o755)
+    _write(os.path.join(bindir, "runc-guard.py"), PY_ENTRY, 0o755)
+    # The launcher, as every install path builds it (static: it runs in the machine's root).
+    subprocess.run([os.path.join(CHECKOUT, "launcher", "build.sh"), os.path.join(bindir, "runc-guard")],
+                   check=True, timeout=120)
     _write(os.path.join(bindir, "runc-guardctl"), CTL_LAUNCHER, 0o755)
     os.symlink("runc-guard", os.path.join(bindir, "runc-guard-134"))
     _write(
@@ -571,7 +575,7 @@ def slice_path(slice_name: str) -> str:
 
 @dataclass
 class SdTask:
-    """A host-PID task of the machine's containerd, under the systemd cgroup driver."""
+    """A task of the machine's containerd (host PID unless ``private_pid``), under runc's systemd driver."""
 
     machine: Machine
     namespace: str
@@ -634,7 +638,8 @@ class SdTask:
         listed = self.machine.ctr(self.namespace, "task", "ls").stdout.splitlines()[1:]
         inner = next(int(c[1]) for c in (line.split() for line in listed) if c and c[0] == self.id)
         for pid in self.host_pids():
-            if _ns_pid(pid) == inner:
+            # NSpid: host, machine[, container]: the machine's pid is the second field.
+            if _ns_pid(pid, 1) == inner:
                 return pid
         raise LookupError(f"init {inner} of {self.id} not found among {self.host_pids()}")
 
@@ -646,14 +651,15 @@ class SdTask:
         return [p for p in self.host_pids() if p != init]
 
 
-def _ns_pid(pid: int) -> int | None:
-    """The innermost pid of a host pid (``NSpid``'s last field)."""
+def _ns_pid(pid: int, level: int = -1) -> int | None:
+    """A host pid in one PID namespace level (``NSpid``'s fields; default: the innermost)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
-    except OSError:
+                    fields = line.split()[1:]
+                    return int(fields[level]) if -len(fields) <= level < len(fields) else None
+    except (OSError, ValueError):
         return None
     return None
 
@@ -665,16 +671,23 @@ def new_id() -> str:
     return uuid.uuid4().hex + uuid.uuid4().hex
 
 
-def run_task(machine: Machine, namespace: str, binary: str, children: int = 3) -> SdTask:
-    """Start a detached host-PID task in a pod slice through ``binary`` with ``--runc-systemd-cgroup``."""
+def run_task(
+    machine: Machine, namespace: str, binary: str, children: int = 3, private_pid: bool = False
+) -> SdTask:
+    """Start a detached task in a pod slice through ``binary`` with ``--runc-systemd-cgroup``.
+
+    Host PID by default (the incident's shape); ``private_pid``: its own PID namespace
+    (kubelet's default), whose init stays in do_exit until every child is gone.
+    """
     import uuid
 
     task = SdTask(machine, namespace, new_id(), binary, pod_slice(str(uuid.uuid4())))
     script = " ".join(["/bin/sleep 1000 &"] * children) + " wait"
+    pid_ns = [] if private_pid else ["--with-ns", "pid:/proc/1/ns/pid"]
     machine.ctr(
         namespace, "run", "-d", "--null-io", "--rootfs", "--runc-binary", binary,
         "--runc-systemd-cgroup", "--cgroup", task.cgroups_path,
-        "--with-ns", "pid:/proc/1/ns/pid", ROOTFS, task.id, "/bin/sh", "-c", script,
+        *pid_ns, ROOTFS, task.id, "/bin/sh", "-c", script,
     )  # fmt: skip
     if not wait_for(lambda: len(task.host_pids()) >= children + 1, 10):
         raise RuntimeError(f"task {task.id} did not start {children} children: {task.host_pids()}")
@@ -737,6 +750,7 @@ def path_b(
     children: int = 3,
     held: int = 3,
     settle: float = 20.0,
+    private_pid: bool = False,
 ) -> CrashOutcome:
     """The incident's path under the systemd driver: children frozen, init and shim SIGKILLed.
 
@@ -745,7 +759,7 @@ def path_b(
     5 s budget; the held children are released ``delay`` s after the shim died.
     Reports the directories and the scope unit once the kernel is done.
     """
-    task = run_task(machine, namespace, binary, children)
+    task = run_task(machine, namespace, binary, children, private_pid)
     hold = freezer_hold(machine)
     try:
         hold.hold(task.children()[:held])
@@ -774,6 +788,54 @@ def path_b(
     finally:
         hold.destroy()
     return outcome
+
+
+@dataclass
+class DeleteOutcome:
+    """What one ``ctr task delete`` (the serving shim's delete) did and left."""
+
+    task: SdTask
+    status: int
+    took_s: float
+    stderr: str
+    dirs_left: list[str]
+    unit: dict[str, str]
+    state_left: bool
+
+
+def path_a(machine: Machine, namespace: str, binary: str, delay: float, children: int = 3) -> DeleteOutcome:
+    """kubelet's stop with the shim alive: init SIGKILLed, then ``ctr task delete``.
+
+    The serving shim runs ``<binary> --systemd-cgroup delete <id>`` for it; the held
+    children are released ``delay`` s after the delete started.
+    """
+    import threading
+
+    task = run_task(machine, namespace, binary, children)
+    hold = freezer_hold(machine)
+    try:
+        hold.hold(task.children())
+        init = task.init_host_pid()
+        os.kill(init, signal.SIGKILL)
+        wait_for(lambda: init not in task.host_pids(), 5)
+        wait_for(lambda: "STOPPED" in machine.ctr(namespace, "task", "ls", check=False).stdout, 5, 0.05)
+        timer = threading.Timer(delay, hold.release)
+        timer.start()
+        started = time.monotonic()
+        try:
+            out = machine.ctr(namespace, "task", "delete", task.id, check=False)
+        finally:
+            timer.cancel()
+        took = time.monotonic() - started
+        hold.release()
+        wait_for(lambda: not task.host_pids(), 5)
+        time.sleep(0.5)  # systemd may still be collecting the unit
+        return DeleteOutcome(
+            task, out.returncode, round(took, 2), out.stderr, task.host_dirs(), task.unit_state(),
+            os.path.exists(task.runc_state()),
+        )  # fmt: skip
+    finally:
+        hold.destroy()
 
 
 @contextlib.contextmanager

@@ -56,8 +56,12 @@ CHECKOUT = os.path.dirname(HERE)
 GUEST_SRC = os.path.join(HERE, "vm_guest")
 #: What the kernel root adds to the nspawn lab's root: the kernel and its initramfs.
 KERNEL_PACKAGES = ("linux-image-amd64", "initramfs-tools")
-#: Units that only slow a test boot down (apt's timers, e2scrub).
-MASKED = ("apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "e2scrub_reap.service")
+#: Units that only slow a test boot down (apt's timers, e2scrub), and the sweep and audit timers the
+#: .deb enables: the cells measure what a delete leaves with no sweep, stock beside runc-guard.
+MASKED = (
+    "apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "e2scrub_reap.service",
+    "runc-guard-sweep.timer", "runc-guard-audit.timer",
+)
 DISK_SIZE = "3G"
 #: A second, empty ext4 disk per boot (``/dev/vdb`` inside, mounted at DATA_MOUNT):
 #: the volume the slow-teardown scenarios write to under an ``io.max`` limit. On the

@@ -1,6 +1,8 @@
 #!/bin/bash
-# Build dist/runc-guard_<version>_all.deb with dpkg-deb alone (no debhelper):
-# the package is pure Python on top of Debian's own python3-* libraries.
+# Build dist/runc-guard_<version>_<arch>.deb with dpkg-deb alone (no debhelper):
+# the launcher (launcher/build.sh: static, so no libc dependency) as
+# /usr/bin/runc-guard, and the Python package on top of Debian's own python3-*
+# libraries, its entry at /usr/lib/runc-guard/runc-guard.py. Needs gcc.
 #
 #   packaging/build-deb.sh [OUTDIR]      (default: dist/)
 #
@@ -21,14 +23,18 @@ stage=$(mktemp -d /tmp/runc-guard-deb.XXXXXX)
 trap 'rm -rf "$stage"' EXIT
 root=$stage/root
 deb=$here/debian
-install -d "$root/DEBIAN" "$root/usr/bin" "$root/usr/lib/python3/dist-packages" \
+arch=$(dpkg --print-architecture)
+install -d "$root/DEBIAN" "$root/usr/bin" "$root/usr/lib/python3/dist-packages" "$root/usr/lib/runc-guard" \
     "$root/etc/runc-guard" "$root/usr/share/doc/runc-guard" "$root/usr/share/man/man8"
 
 # The package: sources only (postinst byte-compiles with the system python3).
 (cd "$repo" && find runc_guard -name '*.py' -print0) | while IFS= read -r -d '' f; do
     install -D -m 0644 "$repo/$f" "$root/usr/lib/python3/dist-packages/$f"
 done
-install -m 0755 "$deb/runc-guard" "$deb/runc-guardctl" "$root/usr/bin/"
+# containerd's BinaryName: the launcher, which hands what it does not route itself to the entry.
+"$repo/launcher/build.sh" "$root/usr/bin/runc-guard" /usr/lib/runc-guard/runc-guard.py
+install -m 0755 "$deb/runc-guard" "$root/usr/lib/runc-guard/runc-guard.py"
+install -m 0755 "$deb/runc-guardctl" "$root/usr/bin/"
 install -m 0644 "$deb/config.toml" "$root/etc/runc-guard/config.toml"
 
 # systemd units (sweep timer etc.) from packaging/systemd/, if present at build time.
@@ -51,8 +57,9 @@ gzip -9n -c "$deb/runc-guard.8" > "$root/usr/share/man/man8/runc-guard.8.gz"
 install -m 0644 "$deb/conffiles" "$root/DEBIAN/conffiles"
 install -m 0755 "$deb/postinst" "$deb/prerm" "$deb/postrm" "$root/DEBIAN/"
 size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
-sed -e "s/@VERSION@/$version/" -e "s/@SIZE@/$size/" "$deb/control.in" > "$root/DEBIAN/control"
+sed -e "s/@VERSION@/$version/" -e "s/@SIZE@/$size/" -e "s/@ARCH@/$arch/" "$deb/control.in" \
+    > "$root/DEBIAN/control"
 
-target=$out/runc-guard_${version}_all.deb
+target=$out/runc-guard_${version}_${arch}.deb
 dpkg-deb --root-owner-group -Zxz --build "$root" "$target" >/dev/null
 echo "$target"

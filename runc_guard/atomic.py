@@ -33,11 +33,15 @@ def read_trusted(path: str, limit: int) -> bytes | None:
         os.close(fd)
 
 
-def append_line(path: str, line: str, mode: int = 0o644, make_dirs: bool = False) -> bool:
+def append_line(
+    path: str, line: str, mode: int = 0o644, make_dirs: bool = False, rotate_at: int | None = None
+) -> bool:
     """Append ``line`` (with its newline) in one write(2); False if it cannot be written.
 
     O_APPEND makes each line land whole even with concurrent writers (deletes of
     a storm). Never raises: a log line must never fail what it reports.
+    ``rotate_at``: once the file is larger, rename it to ``<path>.1`` (replacing
+    that), so a file nobody else rotates stays bounded (delete.bounds).
     """
     try:
         if make_dirs:
@@ -47,6 +51,8 @@ def append_line(path: str, line: str, mode: int = 0o644, make_dirs: bool = False
         return False
     try:
         os.write(fd, line.encode("utf-8", "surrogateescape"))
+        if rotate_at is not None and os.fstat(fd).st_size > rotate_at:
+            os.replace(path, path + ".1")
         return True
     except OSError:
         return False

@@ -151,6 +151,54 @@ def started_monotonic(pid: int | None = None, proc: str = "/proc") -> float | No
     return time.monotonic() - max(0.0, age)
 
 
+#: Who runs this delete, as the parent's command line says (delete_caller).
+#: containerd's dead-shim cleanup: ``containerd-shim-runc-v2 ... -id <id> ... delete``.
+DEAD_SHIM = "dead_shim"
+#: The shim serving the task (``containerd-shim-runc-v2 -namespace <ns> -id <id> -address <a>``):
+#: containerd's Delete over ttrpc, bounded by its caller's context (CRI: 10 s per exit event).
+SERVING_SHIM = "serving_shim"
+#: Anything else (ctr, nerdctl, a human, a parent that is gone or unreadable).
+UNKNOWN_CALLER = "unknown"
+#: The shim's actions (``start``, ``delete``) end its command line; the serving shim has none.
+_SHIM_ACTIONS = (b"start", b"delete")
+
+
+def shim_role(args: list[bytes]) -> str:
+    """DEAD_SHIM, SERVING_SHIM or UNKNOWN_CALLER for a parent's command line (pure).
+
+    Only what containerd's shims put there (docs/deadline.md): the dead-shim cleanup
+    ends with the ``delete`` action; the serving shim is the runc v2 shim with an
+    ``-id`` and no action at all. Anything else is unknown.
+    """
+    if len(args) < 2 or not os.path.basename(args[0]).startswith(b"containerd-shim"):
+        return UNKNOWN_CALLER
+    if args[-1] == b"delete":
+        return DEAD_SHIM
+    if os.path.basename(args[0]).startswith(b"containerd-shim-runc-v") and b"-id" in args:
+        return UNKNOWN_CALLER if args[-1] in _SHIM_ACTIONS else SERVING_SHIM
+    return UNKNOWN_CALLER
+
+
+def delete_caller(proc: str = "/proc") -> tuple[str, float | None]:
+    """Who runs this delete (shim_role of the parent) and when its budget started (deadline_origin).
+
+    Every read can fail: an unreadable parent is UNKNOWN_CALLER, whose budget is
+    today's default, and the origin falls back to our own start.
+    """
+    own = started_monotonic(None, proc)
+    parent = os.getppid()
+    try:
+        with open(f"{proc}/{parent}/cmdline", "rb") as f:
+            args = [a for a in f.read().split(b"\0") if a]
+    except OSError:
+        return UNKNOWN_CALLER, own
+    role = shim_role(args)
+    if role != DEAD_SHIM:
+        return role, own
+    shim = started_monotonic(parent, proc)
+    return role, shim if own is None else min(own, shim if shim is not None else own)
+
+
 def deadline_origin(proc: str = "/proc") -> float | None:
     """When containerd's budget for this call started, on the time.monotonic() clock.
 
@@ -161,14 +209,20 @@ def deadline_origin(proc: str = "/proc") -> float | None:
     the budget counts from its start, else from ours. The parent's command line
     can only move the deadline earlier, never later.
     """
-    own = started_monotonic(None, proc)
-    parent = os.getppid()
-    try:
-        with open(f"{proc}/{parent}/cmdline", "rb") as f:
-            args = [a for a in f.read().split(b"\0") if a]
-    except OSError:
-        return own
-    if len(args) < 2 or args[-1] != b"delete" or not os.path.basename(args[0]).startswith(b"containerd-shim"):
-        return own
-    shim = started_monotonic(parent, proc)
-    return shim if own is None else min(own, shim if shim is not None else own)
+    return delete_caller(proc)[1]
+
+
+def unescape_mountinfo(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal ``\\NNN``."""
+    if "\\" not in field:
+        return field
+    out = []
+    i = 0
+    while i < len(field):
+        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)

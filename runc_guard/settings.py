@@ -6,7 +6,7 @@ untrusted input: unknown keys and bad values are problems that name the key.
 A problem never changes where a call goes or how a delete ends: an invalid key
 keeps its default and is reported (journal once per file version, metrics,
 doctor, audit); a file that no longer parses routes by the last version that
-did (``last_good_routing``); runc-guardctl refuses to act on settings it
+did (``routes.last_good``, persistent); runc-guardctl refuses to act on settings it
 cannot honour (``load_settings``).
 
 On the hot path: importing ``tomllib`` costs ~10-15 ms, more than a bare
@@ -23,6 +23,7 @@ from __future__ import annotations
 import marshal
 import os
 
+from runc_guard import routes
 from runc_guard.atomic import read_trusted, write_atomic
 from runc_guard.errors import ConfigError
 from runc_guard.values import Value
@@ -41,6 +42,14 @@ DEFAULT_RUNTIME = "runc"
 #: finishes such teardowns inside containerd's 5 s, so a shorter deadline would
 #: leave more behind than the runtime alone (measured in the systemd lab).
 DEFAULT_DELETE_TIMEOUT = 4.0
+#: The serving shim's delete (kubelet stopped the container; the live shim runs ``runc
+#: delete`` for CRI's exit handler) runs under CRI's handleEventTimeout, 10 s from the exit
+#: event, not under the dead-shim 5 s: stock runc waiting on systemd's stop job finishes
+#: there after 4 s too. Before us the shim waits up to 2 s (containerd 1.6) for the init's
+#: stdio to drain, ~2.2 s in CRI's 1.6 cells where stragglers hold it: 7 s leaves ~0.8 s
+#: of the 10 for stopping the runtime, our reply and the shim's unmount (docs/deadline.md).
+#: ``delete_timeout`` still applies when it is longer.
+SERVING_SHIM_DELETE_TIMEOUT = 7.0
 #: The range accepted for ``delete_timeout`` (seconds).
 MAX_DELETE_TIMEOUT = 600.0
 #: After a deadline cut a delete short, a finisher can complete it once its cgroups empty:
@@ -54,6 +63,8 @@ MAX_FINISH_WINDOW = 3600.0
 #: Where the delete path keeps its durable records (Settings.pending_dir's default).
 DEFAULT_PENDING_DIR = "/run/runc-guard/pending"
 DEFAULT_CACHE_DIR = "/run/runc-guard"
+#: The routing cache (runc_guard.routes): persistent, since it is also the last good routing.
+DEFAULT_STATE_DIR = "/var/lib/runc-guard"
 DEFAULT_JOURNAL_SOCKET = "/run/systemd/journal/socket"
 DEFAULT_LOG_FILE = "/var/log/runc-guard/events.jsonl"
 MAX_CONFIG_BYTES = 1 << 20
@@ -65,6 +76,20 @@ def config_path(environ: Mapping[str, str]) -> str:
 
 def cache_dir(environ: Mapping[str, str]) -> str:
     return environ.get("RUNC_GUARD_CACHE_DIR") or DEFAULT_CACHE_DIR
+
+
+def state_dir(environ: Mapping[str, str]) -> str:
+    """Where the routing cache (the last good routing) persists across reboots.
+
+    RUNC_GUARD_STATE_DIR; else ``<RUNC_GUARD_CACHE_DIR>/state`` when only the
+    cache is moved (a test's or a lab's private paths never touch the node's);
+    else /var/lib/runc-guard. The launcher derives it the same way.
+    """
+    explicit = environ.get("RUNC_GUARD_STATE_DIR")
+    if explicit:
+        return explicit
+    moved = environ.get("RUNC_GUARD_CACHE_DIR")
+    return os.path.join(moved, "state") if moved else DEFAULT_STATE_DIR
 
 
 def _cache_file(directory: str, path: str) -> str:
@@ -110,48 +135,8 @@ def _write_cache(cache: str, path: str, key: tuple[int, ...], data: dict[str, ob
         pass
 
 
-#: Keys that decide where a call goes; kept from the last file that parsed.
+#: Keys that decide where a call goes; kept from the last file that parsed (runc_guard.routes).
 ROUTING_KEYS = ("runtime", "runtimes")
-
-
-def _last_good_file(directory: str, path: str) -> str:
-    return os.path.join(directory, "routing" + path.replace("/", "%") + ".last-good")
-
-
-def _keep_last_good(directory: str, path: str, data: dict[str, object]) -> None:
-    """Remember the routing of a file that parsed, for when a later edit breaks it."""
-    routing = {k: data[k] for k in ROUTING_KEYS if k in data}
-    runtime = routing.get("runtime", "runc")
-    table = routing.get("runtimes", {})
-    if not isinstance(runtime, str) or not runtime or not isinstance(table, dict):
-        return
-    if not all(isinstance(k, str) and isinstance(v, str) and v for k, v in table.items()):
-        return
-    try:
-        blob = marshal.dumps((path, routing))
-        write_atomic(_last_good_file(directory, path), blob, 0o600, durable=False, dir_mode=0o700)
-    except (OSError, ValueError):
-        pass
-
-
-def last_good_routing(path: str, cache_directory: str | None) -> dict[str, object] | None:
-    """``runtime``/``[runtimes]`` of the last version of ``path`` that parsed, or None.
-
-    A TOML syntax error must not silently send ``runc-guard-nvidia`` to plain runc
-    (GPU pods would start without GPUs): the shim routes by this copy instead.
-    """
-    if not cache_directory:
-        return None
-    found = _read_trusted(_last_good_file(cache_directory, path))
-    if found is None:
-        return None
-    try:
-        cached_path, routing = marshal.loads(found)
-    except (ValueError, EOFError, TypeError):
-        return None
-    if cached_path != path or not isinstance(routing, dict):
-        return None
-    return routing
 
 
 def first_report(cache_directory: str | None, path: str, problem: str) -> bool:
@@ -191,16 +176,23 @@ def read_settings_file(path: str, cache_directory: str | None) -> dict[str, obje
     Raises ``OSError`` when it exists but cannot be read and ``ValueError`` when
     it is not valid TOML; the caller turns both into a ConfigError.
     """
+    return _read_settings(path, cache_directory)[0]
+
+
+def _read_settings(
+    path: str, cache_directory: str | None
+) -> tuple[dict[str, object], tuple[int, ...] | None]:
+    """:func:`read_settings_file`, and the identity of the file it read (None: absent)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        return {}
+        return {}, None
     key = _stat_key(st)
     cache = _cache_file(cache_directory, path) if cache_directory else None
     if cache is not None:
         cached = _read_cache(cache, path, key)
         if cached is not None:
-            return cached
+            return cached, key
     if st.st_size > MAX_CONFIG_BYTES:
         raise ValueError(f"{path} is larger than {MAX_CONFIG_BYTES} bytes")
     import tomllib  # ~10 ms: only on a cache miss
@@ -209,8 +201,7 @@ def read_settings_file(path: str, cache_directory: str | None) -> dict[str, obje
         data: dict[str, object] = tomllib.load(f)
     if cache is not None and cache_directory:
         _write_cache(cache, path, key, data)
-        _keep_last_good(cache_directory, path, data)
-    return data
+    return data, key
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -492,19 +483,21 @@ def _load(env: Mapping[str, str]) -> Settings:
     of the file that parsed (``routing_from_last_good``); with none, only the
     default names may be routed (``routing_problem`` says why).
     """
-    path, cache = config_path(env), cache_dir(env)
+    path, cache, state = config_path(env), cache_dir(env), state_dir(env)
     try:
-        raw = read_settings_file(path, cache)
+        raw, identity = _read_settings(path, cache)
         read_problem = None
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: arrays nested ~1000 deep
-        raw, read_problem = {}, f"cannot use settings file {path}: {_reason(exc)}"
+        raw, identity, read_problem = {}, None, f"cannot use settings file {path}: {_reason(exc)}"
     values, found = _validated(raw, env, path)
     routing_problem = read_problem or next((m for k, m in found if k in ROUTING_KEYS), None)
+    if identity is not None and routing_problem is None:
+        _keep_routes(state, path, identity, raw)
     from_last_good = False
     if routing_problem is not None:
         for key in ROUTING_KEYS:
             values.pop(key, None)
-        last = last_good_routing(path, cache)
+        last = routes.last_good(state, path) or _previous_last_good(cache, path)
         if last is not None:
             kept, _ = _validated({k: v for k, v in last.items() if k in ROUTING_KEYS}, env, path)
             values.update({k: v for k, v in kept.items() if k in ROUTING_KEYS})
@@ -527,6 +520,49 @@ def _load(env: Mapping[str, str]) -> Settings:
         routing_problem=routing_problem,
         routing_from_last_good=from_last_good,
     )
+
+
+def _previous_last_good(cache: str, path: str) -> dict[str, object] | None:
+    """The last good routing as runc-guard kept it before the launcher: ``<cache>/routing<path>.last-good``.
+
+    A node upgraded while its settings file is broken has no persistent copy yet;
+    the one in /run (until the next reboot) still knows where its calls went, so
+    the upgrade does not turn every call into exit 78. ``marshal`` of a file that
+    is ours and writable by nobody else only (read_trusted), as the old writer wrote it.
+    """
+    blob = read_trusted(os.path.join(cache, "routing" + path.replace("/", "%") + ".last-good"), 1 << 20)
+    if blob is None:
+        return None
+    try:
+        kept_path, routing = marshal.loads(blob)
+    except (ValueError, EOFError, TypeError):
+        return None
+    if kept_path != path or not isinstance(routing, dict):
+        return None
+    runtime, table = routing.get("runtime", DEFAULT_RUNTIME), routing.get("runtimes", {})
+    if not isinstance(runtime, str) or not runtime or not isinstance(table, dict):
+        return None
+    if not all(isinstance(k, str) and isinstance(v, str) and v for k, v in table.items()):
+        return None
+    return {"runtime": runtime, "runtimes": dict(table)}
+
+
+def _keep_routes(state: str, path: str, identity: tuple[int, ...], raw: Mapping[str, object]) -> None:
+    """Write the launcher's routing cache from the file alone (RUNC_GUARD_* never goes in it:
+    the launcher hands calls with routing variables to the Python entry)."""
+    own, found = _validated(raw, {}, path)
+    if any(k in ROUTING_KEYS for k, _m in found):
+        return
+    blob = routes.render(
+        path,
+        identity,
+        str(own.get("runtime", DEFAULT_RUNTIME)),
+        own.get("runtimes", {}),  # type: ignore[arg-type]
+        str(own.get("pending_dir", DEFAULT_PENDING_DIR)),
+        own.get("log_level") == "debug",
+    )
+    if blob is not None:
+        routes.keep(state, path, blob)
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:

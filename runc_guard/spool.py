@@ -105,8 +105,8 @@ def try_lock(directory: str, name: str = LOCK) -> int | None:
 HELPER_NICE = 19
 
 
-def step_back(autogroup: str = "/proc/self/autogroup") -> None:
-    """A detached helper's second act: run below everything containerd does, even in a storm.
+def step_back(autogroup: str = "/proc/self/autogroup", mountinfo: str = "/proc/self/mountinfo") -> None:
+    """A detached helper's second act: run below everything containerd does, and away from its caller.
 
     The helpers start their own session (so a kill of the shim's process group
     cannot reach them), and with ``sched_autogroup`` (on in Debian's kernels) the
@@ -115,6 +115,13 @@ def step_back(autogroup: str = "/proc/self/autogroup") -> None:
     runtimes, whatever its own nice. So both are lowered: the process's nice (all
     that counts without autogroup) and its autogroup's. Best effort: a kernel
     without autogroup has no such file.
+
+    The caller's place is not the helper's: the runtime is started in the bundle
+    directory, and a serving shim may live in a pod's cgroup (``ShimCgroup``).
+    A helper that lingers there would hold the bundle as its cwd and keep the
+    pod's cgroup populated (kubelet kills what it finds there before it can
+    remove a pod's cgroup, and charges it to the pod's limits). So it moves to
+    ``/`` and to the root of every cgroup hierarchy (``leave_callers_cgroups``).
     """
     try:
         os.setpriority(os.PRIO_PROCESS, 0, HELPER_NICE)
@@ -125,6 +132,48 @@ def step_back(autogroup: str = "/proc/self/autogroup") -> None:
             f.write(str(HELPER_NICE))
     except OSError:
         pass
+    os.chdir("/")
+    leave_callers_cgroups(mountinfo)
+
+
+def leave_callers_cgroups(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """Join the root cgroup of every mounted hierarchy; returns the roots joined.
+
+    Only this process moves (``cgroup.procs``, one pid), and only to a mount
+    that shows its hierarchy's root (mountinfo's root field ``/``: the hierarchy's
+    or this cgroup namespace's root, an ancestor of wherever we are), which
+    accepts processes whatever its controllers (v2's no-internal-process rule
+    exempts the root). A mount of a sub-cgroup is passed over: its root need not
+    be an ancestor of ours. Best effort: a root that refuses (read-only) keeps
+    the helper where it was in that hierarchy.
+    """
+    from runc_guard.procinfo import unescape_mountinfo
+
+    try:
+        with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.readlines()
+    except OSError:
+        return []
+    pid = str(os.getpid()).encode()
+    joined = []
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields = left.split(" ")
+        if len(fields) < 5 or right.split(" ", 1)[0] not in ("cgroup", "cgroup2") or fields[3] != "/":
+            continue
+        mount = unescape_mountinfo(fields[4])
+        try:
+            fd = os.open(os.path.join(mount, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            os.write(fd, pid)
+            joined.append(mount)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return joined
 
 
 def keep_only_stdio_and(held: int) -> None:

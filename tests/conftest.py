@@ -45,8 +45,17 @@ def fake_fs(clock: FakeClock) -> FakeCgroupFs:
 
 @pytest.fixture
 def shim_binary() -> str:
-    """The installed ``runc-guard`` next to the interpreter running the tests."""
+    """The installed ``runc-guard`` next to the interpreter running the tests (the launcher)."""
     path = os.path.join(os.path.dirname(sys.executable), "runc-guard")
+    if not os.path.exists(path):
+        pytest.fail(f"{path} is missing: install the package (make venv)")
+    return path
+
+
+@pytest.fixture
+def python_entry(shim_binary: str) -> str:
+    """The Python entry installed beside the launcher (``runc-guard.py``): a BinaryName of its own."""
+    path = os.path.join(os.path.dirname(shim_binary), "runc-guard.py")
     if not os.path.exists(path):
         pytest.fail(f"{path} is missing: install the package (make venv)")
     return path

@@ -6,6 +6,7 @@ import errno
 from collections.abc import Callable, Iterable
 
 from runc_guard.delete.cgroupfs import CGROUP_SUPER_MAGIC
+from runc_guard.delete.reclaim import Reclaim
 
 
 class FakeClock:
@@ -42,6 +43,11 @@ class FakeCgroupFs:
         self.mtimes: dict[str, float] = {}
         #: Directories whose v1 cpuset sched_load_balance was cleared, in order.
         self.load_balance_stopped: list[str] = []
+        #: Bytes charged to a memory cgroup (a path absent here has no memory controller).
+        self.charged: dict[str, int] = {}
+        #: Memory cgroups the kernel cannot reclaim (why: the value), and each reclaim as (path, deadline).
+        self.unreclaimable: dict[str, str] = {}
+        self.reclaims: list[tuple[str, float]] = []
 
     def add(self, path: str, pids: Iterable[int] = (), mtime: float | None = None) -> None:
         self.dirs[path] = list(pids)
@@ -106,6 +112,16 @@ class FakeCgroupFs:
         if path not in self.dirs:
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
         self.load_balance_stopped.append(path)
+
+    def reclaim_memory(self, path: str, deadline: float) -> Reclaim:
+        if path not in self.charged or path not in self.dirs:
+            return Reclaim(None, None)
+        self.reclaims.append((path, deadline))
+        before = self.charged[path]
+        if path in self.unreclaimable:
+            return Reclaim(before, before, "reclaim", skipped=self.unreclaimable[path])
+        self.charged[path] = 0
+        return Reclaim(before, 0, "reclaim")
 
     def wait_for_change(self, paths: Iterable[str], timeout: float, event_timeout: float) -> None:
         self.waits.append((tuple(paths), timeout, event_timeout))

@@ -69,3 +69,18 @@ def test_doctor_names_a_handler_whose_link_lost_its_mapping(tmp_path: Any, shim_
     for name, route in unmapped.items():
         assert "exit 78" in route["runc_guard_runs"]
         assert any(p.startswith(f"handler {name}: invoked as") for p in report["problems"])
+
+
+def test_doctor_says_which_front_door_containerd_runs(
+    tmp_path: Any, shim_binary: str, python_entry: str
+) -> None:
+    """The launcher (ELF) or the Python entry (a script): per handler and for the installed shim."""
+    from runc_guard.cli.doctor import LAUNCHER, PYTHON_ENTRY, front_door
+
+    assert (front_door(shim_binary), front_door(python_entry)) == (LAUNCHER, PYTHON_ENTRY)
+    assert front_door(str(tmp_path / "absent")).startswith("unknown")
+    tree = Tree("kind", str(tmp_path / "root"), shim_binary)
+    tree.run()
+    report = doctor(tree.config, tree.settings)
+    assert report["containerd_routes"]["handlers"]["runc"]["front_door"] == LAUNCHER
+    assert "front_door" in report  # the runc-guard beside this runc-guardctl (none beside pytest)

@@ -63,7 +63,7 @@ def test_runc_guard_leaves_nothing(shim_binary: str, workdir: str) -> None:
     assert stats[-1]["runtime_ms"] == entry["runtime_ms"] > 0, stats[-1]
 
 
-def test_a_real_delete_loads_nothing_heavy_before_it_exits(shim_binary: str, workdir: str) -> None:
+def test_a_real_delete_loads_nothing_heavy_before_it_exits(python_entry: str, workdir: str) -> None:
     """The whole delete (wait, runc, removal, stats, spool, reporter hand-over) as the launcher
     runs it, under ``-X importtime``: none of the modules test_layout keeps off the path is
     imported, lazily either (the reporter loads structlog in its own interpreter)."""
@@ -72,7 +72,7 @@ def test_a_real_delete_loads_nothing_heavy_before_it_exits(shim_binary: str, wor
     imports = os.path.join(workdir, "importtime.txt")
     wrapper = script(
         os.path.join(workdir, "timed-guard"),
-        f'exec {sys.executable} -X importtime {shim_binary} "$@" 2>>{imports}\n',
+        f'exec {sys.executable} -X importtime {python_entry} "$@" 2>>{imports}\n',
     )
     result = run_leak_scenario(wrapper, workdir, 0.3, guard_env(workdir))
     assert result["exit_status"] == 0 and result["left"] == []

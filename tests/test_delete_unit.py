@@ -468,6 +468,28 @@ def test_deadline_before_the_runtime(lab: Lab) -> None:
     assert lab.entry()["outcome"] == "deadline"
 
 
+@pytest.mark.parametrize(
+    ("caller", "timeout", "budget"),
+    [
+        ("dead_shim", 4.0, 4.0),
+        ("unknown", 4.0, 4.0),
+        ("serving_shim", 4.0, 7.0),
+        ("serving_shim", 12.0, 12.0),
+        ("dead_shim", 2.0, 2.0),
+    ],
+)
+def test_the_budget_follows_the_caller(lab: Lab, caller: str, timeout: float, budget: float) -> None:
+    """The serving shim (CRI's 10 s per exit event) gets at least 7 s; the dead shim and an unknown
+    caller get delete_timeout (issue 30, case 9)."""
+    settings = Settings(**{**lab.settings.as_dict(), "delete_timeout": timeout})
+    args = lab.invocation_args("c1")
+    run = DeleteRun(
+        parse(args), args, lab.runtime(0), settings, fs=lab.fs, mounts=mounts, clock=lab.clock, caller=caller
+    )
+    assert run.deadline == pytest.approx(lab.clock() + budget)
+    assert run.canonical.get("caller") == (None if caller == "unknown" else caller)
+
+
 def test_runtime_deadline_stops_the_runtime(lab: Lab) -> None:
     """A runtime that hangs is stopped at delete_timeout (SIGTERM): exit 75 in time, record kept."""
     settings = Settings(**{**lab.settings.as_dict(), "delete_timeout": 0.5})
@@ -497,7 +519,7 @@ def wired(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     monkeypatch.setattr(delete_mod, "DeleteRun", Wired)
     # The deadline counts on the fake clock: the real process start (a monotonic time that is below
     # the fake clock's 1000 s on a machine up for less than that) would put it in the past.
-    monkeypatch.setattr(delete_mod, "deadline_origin", lambda: None)
+    monkeypatch.setattr(delete_mod, "delete_caller", lambda: ("unknown", None))
     # the reporter, without the fork: this is pytest's process (the fork is proven on the kernel)
     monkeypatch.setattr(report_mod, "detach_reporter", lambda d, _linger: drain_spool(d, linger=0))
     config = os.path.join(lab.tmp, "config.toml")
@@ -998,4 +1020,5 @@ def test_systemd_is_asked_only_while_it_holds_the_scope(
     entry = lab.entry()
     assert entry["outcome"] == "removed" and entry["systemd_unit"] == "cri-containerd-c1.scope"
     expected = "no_systemd" if loaded else "not_loaded"
-    assert entry["systemd_scope"]["outcome"] == entry["systemd_scope_after"]["outcome"] == expected
+    assert entry["systemd_scope_after"]["outcome"] == expected
+    assert "systemd_scope" not in entry  # no stop job of runc-guard's own before the runtime (case 10)

@@ -175,3 +175,40 @@ def test_a_runtime_stopped_mid_destroy_does_not_leave_the_freezer_frozen(
             assert wait_for(lambda p=inside: p.poll() is not None, 10), "the pending SIGKILL must land"
             entry = _entry(workdir, ctr.id)
             assert entry["thawed"] == [os.path.dirname(freezer)], entry
+
+
+def test_a_paused_container_stays_paused_when_its_delete_is_stopped(shim_binary: str, workdir: str) -> None:
+    """A plain ``delete`` (no --force) of a paused v1 container whose runtime is stopped by the
+    deadline: runc-guard used to thaw the container's freezer, and the workload ran again while
+    containerd believed it paused. Only a freezer the runtime froze during this delete is thawed now;
+    one frozen before it began stays FROZEN, as the runtime alone (the control) leaves it."""
+    import json
+
+    from labkit.kernel import crafted_container, script
+
+    for front in ("stock", "guard"):
+        with crafted_container(workdir) as ctr:
+            inside = ctr.add_process(("memory", "freezer", "unified"))
+            with open(f"/proc/{inside.pid}/stat") as f:
+                start = int(f.read().rsplit(")", 1)[1].split()[19])
+            with open(ctr.state_path()) as f:
+                state = json.load(f)
+            state.update(init_process_pid=inside.pid, init_process_start=start)  # the paused init
+            with open(ctr.state_path(), "w") as f:
+                json.dump(state, f)
+            freezer = os.path.join(ctr.dir_in("freezer"), "freezer.state")
+            with open(freezer, "w") as f:
+                f.write("FROZEN")  # what runc pause writes
+            runtime = script(os.path.join(workdir, f"rt-paused-{front}"), "exec sleep 60")
+            argv = ["--root", ctr.root, "delete", ctr.id]
+            if front == "stock":
+                subprocess.run(["timeout", "-s", "KILL", "1", runtime, *argv], check=False, timeout=30)
+            else:
+                env = guard_env(workdir, RUNC_GUARD_RUNTIME=runtime, RUNC_GUARD_DELETE_TIMEOUT="1")
+                done = subprocess.run([shim_binary, *argv], capture_output=True, text=True, env=env,
+                                      check=False, timeout=60)  # fmt: skip
+                assert done.returncode == 75, done.stderr
+                assert "thawed" not in _entry(workdir, ctr.id)
+            with open(freezer) as f:
+                assert f.read().strip() == "FROZEN", front
+            assert inside.poll() is None and os.path.exists(ctr.state_path()), front

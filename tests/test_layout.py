@@ -20,7 +20,7 @@ import pytest
 import runc_guard
 
 PACKAGE = os.path.dirname(runc_guard.__file__)
-SHARED_LEAVES = ("atomic", "errors", "journal", "procinfo", "settings", "spool", "values")
+SHARED_LEAVES = ("atomic", "errors", "journal", "procinfo", "routes", "settings", "spool", "values")
 #: Loaded only after the delete has replied (the reporter) or never by it: each costs
 #: milliseconds of start-up on containerd's critical path (docs/benchmarks.md).
 NOT_BEFORE_THE_REPLY = (

@@ -201,6 +201,23 @@ def test_render_is_valid_prometheus_text() -> None:
     assert families["runc_guard_deletes"].type == "counter"
 
 
+def test_reclaimed_memory_and_memcgs_left_charged_are_counted() -> None:
+    """A delete's stats line and a sweep's report name the KiB reclaimed and the memcgs left charged."""
+    state = new_state()
+    reclaimed = json.loads(line())
+    reclaimed.update(reclaimed_kb=1024, memcg_left=0)
+    left = json.loads(line())
+    left.update(reclaimed_kb=0, memcg_left=2)
+    for doc in (reclaimed, left, json.loads(line())):  # a line of a version that had neither
+        assert apply_delete_line(state, json.dumps(doc).encode())
+    record_sweep(state, {"removed": 1, "dirs_removed": 10, "errors": [], "records_cleared": 0, "slowed": 0.0,
+                         "kept": {}, "duration": 1.0, "memcg_reclaimed_kb": 1024, "memcg_left": 1}, NOW)
+    families = {f.name: f for f in text_string_to_metric_families(render(state, []))}
+    values = {s.name: s.value for f in families.values() for s in f.samples}
+    assert values["runc_guard_memcg_reclaimed_bytes_total"] == 2 * 1024 * 1024
+    assert values["runc_guard_memcg_left_charged_total"] == 3
+
+
 def test_textfile_written_atomically(tmp_path: Path) -> None:
     """The textfile is replaced by rename (a reader keeps the old one), world-readable, no temp left."""
     path = tmp_path / "textfile" / "runc_guard.prom"

@@ -162,21 +162,28 @@ def test_default_roots_judge_only_containerds() -> None:
 # -- the PID namespace ----------------------------------------------------------------------------
 
 
-def ns_proc(tmp_path: Path, self_pid: int | str, containerd_shares: bool | None) -> str:
-    """A /proc whose ``self`` names ``self_pid``, with our ns file and maybe a containerd process."""
+def ns_proc(
+    tmp_path: Path, self_pid: int | str, containerd_shares: bool | None, same_root: bool = True
+) -> str:
+    """A /proc whose ``self`` names ``self_pid``, with our ns file and maybe a containerd process
+    (in our PID namespace or not; with our root directory or another)."""
     root = tmp_path / "proc"
     (root / "ns").mkdir(parents=True)
     (root / "ns" / "ours").write_text("")
     (root / "ns" / "other").write_text("")
+    (tmp_path / "our-root").mkdir()
+    (tmp_path / "other-root").mkdir()
     os.symlink(str(self_pid), root / "self")
     me = root / str(self_pid)
     (me / "ns").mkdir(parents=True)
     os.link(root / "ns" / "ours", me / "ns" / "pid")  # same inode: same namespace
+    os.symlink(tmp_path / "our-root", me / "root")
     if containerd_shares is not None:
         other = root / "4242"
         (other / "ns").mkdir(parents=True)
         (other / "comm").write_text("containerd\n")
         os.link(root / "ns" / ("ours" if containerd_shares else "other"), other / "ns" / "pid")
+        os.symlink(tmp_path / ("our-root" if same_root else "other-root"), other / "root")
     return str(root)
 
 
@@ -187,6 +194,9 @@ def test_pid_namespace_view_from_a_fake_proc(tmp_path: Path) -> None:
     assert pidns.pid_namespace_view(ns_proc(tmp_path / "c", 99, False), pid=99).verdict == "foreign"
     shared = pidns.pid_namespace_view(ns_proc(tmp_path / "d", 99, True), pid=99)
     assert shared.trusted and "containerd runs in it" in shared.reason
+    # A containerd of its own (Docker-in-Docker in a pod without hostPID): its name proves nothing.
+    dind = pidns.pid_namespace_view(ns_proc(tmp_path / "e", 99, True, same_root=False), pid=99)
+    assert dind.verdict == "foreign" and not dind.trusted
     missing = pidns.pid_namespace_view(str(tmp_path / "nothing"), pid=99)
     assert missing.verdict == "unknown" and not missing.trusted
 
@@ -381,4 +391,34 @@ def test_kernel_report_reads_a_cgroup2_child(tmp_path: Path) -> None:
     features, warnings = kernel_report({str(tmp_path / "cg2"): "cgroup2"}, str(tmp_path / "pressure"))
     present = {f["name"]: f["present"] for f in features}
     assert (present["cgroup.events"], present["cgroup.kill"], present["PSI"]) == (True, False, True)
-    assert [w.split(":")[1].strip().split()[0] for w in warnings] == ["cgroup.kill", "cgroup.stat"]
+    assert [w.split(":")[1].strip().split()[0] for w in warnings] == ["cgroup.kill", "cgroup.stat", "memcg"]
+
+
+@pytest.mark.parametrize(
+    ("layout", "expected"),
+    [("v1", True), ("v2-with", True), ("v2-without", False), ("none", False)],
+)
+def test_kernel_report_tells_whether_memory_cgroups_can_be_reclaimed(
+    tmp_path: Path, layout: str, expected: bool
+) -> None:
+    """v1's memory.force_empty, or v2's memory.reclaim in a child with the memory controller (5.19+);
+    without either, doctor says what stays as it is (issue 32)."""
+    from runc_guard.cli.doctor import kernel_report
+
+    mounts: dict[str, str] = {}
+    if layout == "v1":
+        (tmp_path / "memory").mkdir()
+        (tmp_path / "memory" / "memory.force_empty").write_text("")
+        mounts[str(tmp_path / "memory")] = "cgroup"
+    elif layout.startswith("v2"):
+        child = tmp_path / "cg2" / "kubepods.slice"
+        child.mkdir(parents=True)
+        (tmp_path / "cg2" / "cgroup.controllers").write_text("cpu io memory pids\n")
+        (child / "memory.current").write_text("0\n")
+        if layout == "v2-with":
+            (child / "memory.reclaim").write_text("")
+        mounts[str(tmp_path / "cg2")] = "cgroup2"
+    features, warnings = kernel_report(mounts, str(tmp_path / "pressure"), release="6.1.0")
+    found = {f["name"]: f for f in features}["memcg reclaim"]
+    assert found["present"] is expected, found
+    assert any(w.startswith("kernel: memcg reclaim missing") for w in warnings) is not expected

@@ -340,3 +340,48 @@ def test_doctor_names_a_missing_pidfd_open(tmp_path: Path) -> None:
         capture_output=True, text=True, env=env(tmp_path), timeout=60, check=False,
     )  # fmt: skip
     assert "pidfd_open         MISSING" in text.stdout
+
+
+# -- a process named containerd is no proof of the runtime's PID namespace ---------------------------
+
+_BESIDE_A_CONTAINERD = """
+import os, sys, time
+from runc_guard.node.pidns import pid_namespace_view
+binary, chroot = sys.argv[1], sys.argv[2] == "chroot"
+pid = os.fork()
+if pid == 0:
+    if chroot:
+        os.chroot(os.path.dirname(binary))
+        os.chdir("/")
+    os.execv("/containerd" if chroot else binary, ["sleep", "1000"])  # comm: containerd
+try:
+    deadline = time.monotonic() + 10
+    while open(f"/proc/{pid}/comm").read().strip() != "containerd" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print(pid_namespace_view().verdict)
+finally:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+"""
+
+
+@pytest.mark.parametrize(("chroot", "verdict"), [(True, "foreign"), (False, "host")],
+                         ids=["own-root-no-proof", "shared-root-proof"])  # fmt: skip
+def test_a_containerd_of_another_root_proves_nothing(tmp_path: Path, chroot: bool, verdict: str) -> None:
+    """A private PID namespace whose only ``containerd`` runs in another root (a pod's own
+    Docker-in-Docker beside a mounted node /run): before, its name alone made the namespace
+    trusted; now foreign. The same process in our own root is still the proof (kind, nspawn)."""
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("busybox-static (make deps installs it)")
+    root = tmp_path / "other-root"
+    root.mkdir()
+    shutil.copy(busybox, root / "containerd")
+    done = subprocess.run(
+        [UNSHARE, "--pid", "--fork", "--mount-proc", sys.executable, "-c", _BESIDE_A_CONTAINERD,
+         str(root / "containerd"), "chroot" if chroot else "same"],
+        capture_output=True, text=True, timeout=60, check=False,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == verdict

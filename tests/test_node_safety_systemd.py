@@ -3,10 +3,14 @@
 Inside the booted-systemd lab (labkit.systemd): a host-PID task through
 runc-guard, Path B with its children held past containerd's 5 s and the
 scope's 5 s stop timeout. runc-guard reports at its deadline (exit 75) and
-keeps runc's state and its pending record; systemd's stop job runs on and the
-scope ends ``failed``. ``runc-guardctl sweep`` re-runs the runtime's delete,
-removes the v1 leftovers and must ``reset-failed`` the scope of the container
-it finished, or systemd keeps one failed unit per such container forever.
+keeps runc's state and its pending record. A stop job of the scope that
+outlives the stop timeout ends it ``failed``: runc's own destroy starts one
+(stock runc on this path, a delete where runc-guard stepped aside); runc-guard
+itself no longer does (issue 30, case 10), so the tests start it with
+``systemctl stop`` while the children are held. ``runc-guardctl sweep`` re-runs
+the runtime's delete, removes the v1 leftovers and must ``reset-failed`` the
+scope of the container it finished, or systemd keeps one failed unit per such
+container forever.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -80,16 +85,26 @@ def crash_past_the_deadline(machine: sl.Machine, ns: str) -> tuple[sl.SdTask, sl
     return task, hold
 
 
+def stop_past_the_timeout(machine: sl.Machine, task: sl.SdTask) -> None:
+    """Start the scope's stop job (as runc's own destroy would) and let its stop timeout pass."""
+    machine.systemctl("stop", "--no-block", task.unit, check=True)
+    assert wait_for(lambda: task.unit_state().get("ActiveState") == "deactivating", 5, 0.05)
+    time.sleep(sl.STOP_TIMEOUT_S + 0.5)
+
+
 def test_one_sweep_after_a_cut_short_delete_leaves_no_failed_scope(machine: sl.Machine) -> None:
-    """Children die at 6 s, the scope fails; one sweep: 0 dirs, state and record gone, unit collected."""
+    """Children held past the scope's stop timeout, the scope fails; one sweep: 0 dirs, state and record
+    gone, unit collected."""
     ns = unique("rg21sd")
     records_before = set(sl.pending_records(machine))
-    crash = sl.path_b(machine, ns, sl.GUARD, delay=6.0)
-    task = crash.task
+    task, hold = crash_past_the_deadline(machine, ns)
     try:
-        assert sl.guard_stats(machine, task.id)[-1]["outcome"] == "deadline"
-        assert crash.state_left and len(crash.dirs_left) >= 8
+        assert os.path.exists(task.runc_state())
+        stop_past_the_timeout(machine, task)
+        hold.release()
         assert wait_for(lambda: task.unit_state().get("ActiveState") == "failed", 30, 0.2), task.unit_state()
+        left = task.host_dirs()
+        assert len(left) >= 8
         code, report, err = sweep(machine)
         assert code == 0, err
         # The sweep's own container pass resets it (the unit named in runc's state).
@@ -98,9 +113,10 @@ def test_one_sweep_after_a_cut_short_delete_leaves_no_failed_scope(machine: sl.M
         assert task.host_dirs() == [] and not os.path.exists(task.runc_state())
         assert set(sl.pending_records(machine)) == records_before
         assert task.unit_state()["LoadState"] == "not-found", task.unit_state()
-        print(f"\nsystemd, cut-short delete: {len(crash.dirs_left)} dirs + state + failed scope; "
+        print(f"\nsystemd, cut-short delete: {len(left)} dirs + state + failed scope; "
               f"one sweep: 0 dirs, state gone, scope reset-failed and collected ({report['duration']} s)")
     finally:
+        hold.destroy()
         sl.remove_task(task)
 
 
@@ -110,7 +126,9 @@ def test_a_sweep_during_the_stop_job_then_one_after_finishes_it(machine: sl.Mach
     ns = unique("rg21sd")
     task, hold = crash_past_the_deadline(machine, ns)
     try:
-        assert task.unit_state()["ActiveState"] == "deactivating"
+        assert task.unit_state()["ActiveState"] == "active"  # runc-guard started no stop job
+        machine.systemctl("stop", "--no-block", task.unit, check=True)
+        assert wait_for(lambda: task.unit_state().get("ActiveState") == "deactivating", 5, 0.05)
         code, first, err = sweep(machine)
         assert code == 0, err
         assert ("kept:busy", "") in entries(first, task), first
@@ -146,18 +164,20 @@ def test_the_sweeper_daemonset_resets_the_scope_a_pods_view_cannot(machine: sl.M
     cut-short delete under the systemd driver: runc refuses its re-drive, 8 dirs, the state and
     the failed scope stay. The DaemonSet's script, from that same view, runs the node's
     runc-guardctl in PID 1's namespaces: 0 dirs, state gone, scope reset and collected."""
-    crash = sl.path_b(machine, unique("rg21sd"), sl.GUARD, delay=6.0)
-    task = crash.task
+    task, hold = crash_past_the_deadline(machine, unique("rg21sd"))
     metrics = f"/run/{unique('rg-sweeper')}.prom"
     try:
+        stop_past_the_timeout(machine, task)
+        hold.release()
         assert wait_for(lambda: task.unit_state().get("ActiveState") == "failed", 30, 0.2), task.unit_state()
+        left = task.host_dirs()
         ctl = f"{sl.GUARD_BIN}/runc-guardctl"
         out = machine.run(*POD, ctl, "sweep", "--min-age", "0", "--format", "json", check=False, timeout=120)
         report = json.loads(out.stdout)
         # runc itself refuses the re-drive without /run/systemd: nothing is finished.
         assert entries(report, task) == [("error", "")], report
         assert "systemd not running on this host" in str(report["errors"]), report
-        assert len(task.host_dirs()) == len(crash.dirs_left) and os.path.exists(task.runc_state())
+        assert task.host_dirs() == left and os.path.exists(task.runc_state())
         assert task.unit_state()["ActiveState"] == "failed", task.unit_state()
 
         # HOST_CTL: the first candidate is missing, as the installer's path is on a .deb node
@@ -179,10 +199,11 @@ def test_the_sweeper_daemonset_resets_the_scope_a_pods_view_cannot(machine: sl.M
         assert task.host_dirs() == [] and not os.path.exists(task.runc_state())
         with open(machine.host_path(metrics)) as f:
             assert "runc_guard_" in f.read()
-        print(f"\nsweeper DaemonSet: a pod-view sweep left {len(crash.dirs_left)} dirs, runc's state "
+        print(f"\nsweeper DaemonSet: a pod-view sweep left {len(left)} dirs, runc's state "
               "and the failed scope (runc: systemd not running); the shipped script (nsenter into "
               "PID 1's namespaces): 0 dirs, state gone, scope collected")
     finally:
         with contextlib.suppress(OSError):
             os.unlink(machine.host_path(metrics))
+        hold.destroy()
         sl.remove_task(task)

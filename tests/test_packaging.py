@@ -49,7 +49,8 @@ def deb(tmp_path_factory: pytest.TempPathFactory) -> str:
     out = tmp_path_factory.mktemp("rgpkg-dist")
     env = dict(os.environ, PYTHON=sys.executable)
     path = run([os.path.join(PACKAGING, "build-deb.sh"), str(out)], env=env).stdout.strip()
-    assert path == os.path.join(out, f"runc-guard_{runc_guard.__version__}_all.deb")
+    arch = run(["dpkg", "--print-architecture"]).stdout.strip()
+    assert path == os.path.join(out, f"runc-guard_{runc_guard.__version__}_{arch}.deb")
     return path
 
 
@@ -72,26 +73,36 @@ def imported_modules(argv: list[str], env: dict[str, str]) -> set[str]:
 
 
 def test_deb_metadata_and_dependencies(deb: str) -> None:
-    """The .deb is arch-all, versioned like the package, and depends on Debian's python3 libs."""
+    """The .deb is per architecture (the launcher is compiled), versioned like the package, and
+    depends on Debian's python3 libs (no libc: the launcher is static)."""
     fields = run(["dpkg-deb", "-f", deb, "Package", "Version", "Architecture", "Depends"]).stdout
     assert "Package: runc-guard" in fields
     assert f"Version: {runc_guard.__version__}" in fields
-    assert "Architecture: all" in fields
+    assert f"Architecture: {run(['dpkg', '--print-architecture']).stdout.strip()}" in fields
+    assert "libc6" not in fields
     depends = fields.split("Depends:", 1)[1]
     for name in ("python3 ", *DEBIAN_DEPS):
         assert name.strip() in depends
 
 
 def test_deb_contents(deb: str, tmp_path: Any) -> None:
-    """Launchers, package, conffile, systemd units present at build time, and man pages."""
+    """Launcher and Python entry, package, conffile, systemd units present at build time, and man pages."""
     files = deb_files(deb)
-    for path in ("/usr/bin/runc-guard", "/usr/bin/runc-guardctl",
+    for path in ("/usr/bin/runc-guard", "/usr/bin/runc-guardctl", "/usr/lib/runc-guard/runc-guard.py",
                  "/usr/lib/python3/dist-packages/runc_guard/shim/entry.py",
                  "/usr/lib/python3/dist-packages/runc_guard/cli/configure.py",
                  "/etc/runc-guard/config.toml", "/usr/share/man/man8/runc-guard.8.gz",
                  "/usr/share/man/man8/runc-guardctl.8.gz", "/usr/share/doc/runc-guard/copyright"):
         assert path in files, path
     assert files["/usr/bin/runc-guard"].startswith("-rwxr-xr-x")
+    unpacked = tmp_path / "unpacked"
+    run(["dpkg-deb", "-x", deb, str(unpacked)])
+    assert (unpacked / "usr/bin/runc-guard").read_bytes()[:4] == b"\x7fELF"
+    # Where it looks for the Python entry: its one line when it needs the entry and finds none here.
+    proc = subprocess.run([unpacked / "usr/bin/runc-guard", "state", "c1"], capture_output=True, text=True,
+                          env={"RUNC_GUARD_RUNTIME": "runc"}, check=False, timeout=30)
+    assert proc.returncode == 78
+    assert "cannot exec the Python entry /usr/lib/runc-guard/runc-guard.py" in proc.stderr
     units = sorted(
         n for n in os.listdir(os.path.join(PACKAGING, "systemd"))
         if n.endswith((".service", ".timer", ".socket"))
@@ -105,7 +116,7 @@ def test_deb_contents(deb: str, tmp_path: Any) -> None:
 
 
 def test_deb_shim_launcher_imports_only_the_shim() -> None:
-    """/usr/bin/runc-guard runs Debian's python3 isolated, without site, and imports nothing but the shim."""
+    """The Python entry runs Debian's python3 isolated, without site, and imports nothing but the shim."""
     with open(os.path.join(PACKAGING, "debian", "runc-guard")) as f:
         text = f.read()
     assert text.startswith("#!/usr/bin/python3 -IS\n")
@@ -127,6 +138,33 @@ def test_conffile_shows_the_real_defaults(tmp_path: Any) -> None:
         f.write("\n".join(assigned) + "\n")
     env = {"RUNC_GUARD_CONFIG": config, "RUNC_GUARD_CACHE_DIR": os.path.join(str(tmp_path), "cache")}
     assert load_settings(env).as_dict() == defaults
+
+
+# -- pip install -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cc", "launcher"), [("gcc", True), ("/bin/false", False)], ids=["gcc", "no compiler"]
+)
+def test_pip_builds_the_launcher_where_a_compiler_exists(tmp_path: Any, cc: str, launcher: bool) -> None:
+    """The wheel's scripts: ``runc-guard`` is the launcher (an ELF) beside ``runc-guard.py``; without a
+    compiler it is the Python entry itself (pip rewrites its ``#!python`` line at install)."""
+    import zipfile
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+        shutil.copy2(os.path.join(REPO, name), src / name)
+    for name in ("runc_guard", "bin", "launcher"):
+        shutil.copytree(os.path.join(REPO, name), src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "wheel"), str(src)],
+        env={**os.environ, "CC": cc}, timeout=600)
+    (wheel,) = (tmp_path / "wheel").iterdir()
+    with zipfile.ZipFile(wheel) as zf:
+        scripts = {n.rpartition("/")[2]: zf.read(n) for n in zf.namelist() if "/scripts/" in n}
+    assert sorted(scripts) == ["runc-guard", "runc-guard.py"]
+    assert scripts["runc-guard.py"].startswith(b"#!python")
+    assert scripts["runc-guard"].startswith(b"\x7fELF" if launcher else b"#!python")
 
 
 # -- single file ---------------------------------------------------------------------------
@@ -307,6 +345,7 @@ def fake_host(tmp_path: Any, shim_binary: str) -> dict[str, str]:
     payload = tmp_path / "payload"
     (payload / "opt/runc-guard/bin").mkdir(parents=True)
     shutil.copy2(shim_binary, payload / "opt/runc-guard/bin/runc-guard")
+    shutil.copy2(os.path.join(os.path.dirname(shim_binary), "runc-guard.py"), payload / "opt/runc-guard/bin")
     tools = tmp_path / "tools"
     tools.mkdir()
     restarts = tmp_path / "restarts"
@@ -567,6 +606,17 @@ def installed_deb(deb: str) -> Iterator[str]:
                        capture_output=True, timeout=600, check=False)
 
 
+@pytest.mark.host_install
+def test_installed_deb_enables_the_sweep_and_audit_timers(installed_deb: str) -> None:
+    """Without its timers /run fills with what nobody prunes or rotates, and leaks wait for nobody:
+    the first install enables both (offline here: PID 1 is no systemd, so symlinks are the proof)."""
+    wants = "/etc/systemd/system/timers.target.wants"
+    for timer in ("runc-guard-sweep.timer", "runc-guard-audit.timer"):
+        link = os.path.join(wants, timer)
+        assert os.path.islink(link), f"{timer} not enabled"
+        assert os.path.realpath(link) == os.path.realpath(f"/lib/systemd/system/{timer}")
+
+
 @pytest.mark.kernel
 @pytest.mark.host_install
 def test_installed_deb_removes_cgroups_on_a_slow_delete(installed_deb: str, tmp_path: Any) -> None:
@@ -578,9 +628,10 @@ def test_installed_deb_removes_cgroups_on_a_slow_delete(installed_deb: str, tmp_
         assert _installed(dep), dep
     assert os.path.isdir("/usr/lib/python3/dist-packages/runc_guard/__pycache__")
     env = guard_env(str(tmp_path))
-    # The hot path of the installed launcher, under Debian's interpreter.
+    # The hot path of the installed Python entry, under Debian's interpreter.
+    entry = "/usr/lib/runc-guard/runc-guard.py"
     modules = imported_modules(
-        [DEB_PYTHON, "-IS", "-X", "importtime", installed_deb, "--version"],  # as its shebang runs it
+        [DEB_PYTHON, "-IS", "-X", "importtime", entry, "--version"],  # as its shebang runs it
         {**env, "RUNC_GUARD_RUNTIME": "/bin/true"},
     )
     assert "runc_guard.shim.entry" in modules

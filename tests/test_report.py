@@ -7,6 +7,9 @@ import json
 import os
 import signal
 import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -231,3 +234,82 @@ def test_a_detached_helper_runs_below_containerds_session(tmp_path: Any) -> None
     assert group, "setsid gives the helper an autogroup of its own, so the file names it"
     assert group.split()[0] != ours, "a session of its own: an autogroup of its own"
     assert group.split()[-1] == str(HELPER_NICE) and int(nice) == HELPER_NICE, (group, nice)
+
+
+@contextlib.contextmanager
+def _helper_in_a_pod_cgroup(tmp_path: Any, leave: bool) -> Iterator[tuple[list[str], str, str]]:
+    """A caller in test cgroups (every hierarchy) with its cwd in a bundle directory starts a
+    detached helper, as a serving shim under ``ShimCgroup`` would; yields (the cgroups, what the
+    helper saw of its cwd and /proc/self/cgroup). ``leave``: the helper runs step_back first.
+    The helper is let go and the cgroups removed afterwards, whatever happened."""
+    from labkit.kernel import cgroup_mount_points, exited, remove_tree, unique
+
+    name = unique("rg-helper-pod")
+    # cpuset would want cpus and mems copied before a process may join: the others show it.
+    cgroups = [os.path.join(m, name) for m in cgroup_mount_points() if not m.endswith("/cpuset")]
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    seen, go = str(tmp_path / "seen"), str(tmp_path / "go")
+    program = "\n".join([
+        "import os, sys, time",
+        "sys.path.insert(0, sys.argv[1])",
+        "from runc_guard.spool import step_back",
+        *(["step_back()"] if leave else []),
+        "here = os.getcwd() + '|' + open('/proc/self/cgroup').read()",
+        "open(sys.argv[2] + '.tmp', 'w').write(here)",
+        "os.rename(sys.argv[2] + '.tmp', sys.argv[2])",
+        "end = time.monotonic() + 30",
+        "while not os.path.exists(sys.argv[3]) and time.monotonic() < end:",
+        "    time.sleep(0.02)",
+    ])
+    caller = "\n".join([
+        "import os, sys",
+        "from runc_guard.delete.report import spawn_detached",
+        f"for p in {cgroups!r}:",
+        "    open(os.path.join(p, 'cgroup.procs'), 'w').write(str(os.getpid()))",
+        f"os.chdir({str(bundle)!r})",
+        f"lock = os.open({str(tmp_path / 'lock')!r}, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)",
+        f"print(spawn_detached({program!r}, [{seen!r}, {go!r}], lock))",
+    ])
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pid = 0
+    try:
+        for path in cgroups:
+            os.mkdir(path)
+        done = subprocess.run([sys.executable, "-c", caller], capture_output=True, text=True, timeout=30,
+                              check=False, cwd=repo)
+        assert done.returncode == 0, done.stderr
+        pid = int(done.stdout)
+        assert pid > 0 and wait_for(lambda: os.path.exists(seen), timeout=20), done.stderr
+        with open(seen) as f:
+            cwd, _, cgroup = f.read().partition("|")
+        yield cgroups, cwd, cgroup
+    finally:
+        Path(go).write_text("")
+        if pid > 0:
+            assert wait_for(lambda: exited(pid), timeout=20)
+        for path in cgroups:
+            remove_tree(path)
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("leave", [False, True], ids=["control-stays", "step_back-leaves"])
+def test_a_detached_helper_leaves_its_callers_cwd_and_cgroup(tmp_path: Any, leave: bool) -> None:
+    """A helper started from a pod's cgroup, in the bundle directory, holds neither once it has
+    stepped back: the pod's cgroups can be removed while it lingers (kubelet's pod cleanup), and
+    its cwd is ``/``. The control (no step_back) shows the caller's place is inherited."""
+    with _helper_in_a_pod_cgroup(tmp_path, leave) as (cgroups, cwd, cgroup):
+        name = os.path.basename(cgroups[0])
+        removable = []
+        for path in cgroups:
+            try:
+                os.rmdir(path)
+                removable.append(True)
+            except OSError:
+                removable.append(False)
+        if leave:
+            assert cwd == "/" and name not in cgroup, (cwd, cgroup)
+            assert all(removable), "the helper keeps none of the caller's cgroups populated"
+        else:
+            assert cwd == str(tmp_path / "bundle") and name in cgroup, (cwd, cgroup)
+            assert not any(removable), "the control: an inherited cgroup stays populated"

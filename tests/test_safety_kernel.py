@@ -16,7 +16,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -311,17 +311,30 @@ def _recording(path: str, log: str) -> str:
     return script(path, f'echo "$(basename $0) $*" >> {log}')
 
 
+def _runtime_and_plain_runc(tmp: str, name: str) -> tuple[str, str, Callable[[], list[str]]]:
+    """A PATH directory with runtime ``name`` and a plain ``runc`` that must never be reached, both
+    recording their calls: (the directory, the runtime's path, the calls so far)."""
+    tools = os.path.join(tmp, "bin")
+    os.makedirs(tools)
+    calls = os.path.join(tmp, "calls")
+    runtime = _recording(os.path.join(tools, name), calls)
+    _recording(os.path.join(tools, "runc"), calls)
+
+    def routed() -> list[str]:
+        with contextlib.suppress(FileNotFoundError), open(calls) as f:
+            return f.read().splitlines()
+        return []
+
+    return tools, runtime, routed
+
+
 def test_broken_toml_routes_by_last_good_copy_or_fails(shim_binary: str, tmp_path: Any) -> None:
     """Case 4: after the settings file breaks (TOML syntax error), ``runc-guard-nvidia`` still reaches
     the nvidia-side runtime through the last good routing; the problem reaches the journal once per
     version of the file, not per call. With no last good copy the call fails with exit 78 and a clear
     line, and never reaches plain runc."""
     tmp = str(tmp_path)
-    tools = os.path.join(tmp, "bin")
-    os.makedirs(tools)
-    calls = os.path.join(tmp, "calls")
-    nvidia = _recording(os.path.join(tools, "nvidia-container-runtime"), calls)
-    _recording(os.path.join(tools, "runc"), calls)  # plain runc on PATH: must never be reached
+    tools, nvidia, routed = _runtime_and_plain_runc(tmp, "nvidia-container-runtime")
     invoked = os.path.join(tools, "runc-guard-nvidia")
     os.symlink(shim_binary, invoked)
     config = os.path.join(tmp, "config.toml")
@@ -344,11 +357,6 @@ def test_broken_toml_routes_by_last_good_copy_or_fails(shim_binary: str, tmp_pat
             check=False,
             timeout=30,
         )
-
-    def routed() -> list[str]:
-        with contextlib.suppress(FileNotFoundError), open(calls) as f:
-            return f.read().splitlines()
-        return []
 
     try:
         with open(config, "w") as f:
@@ -380,6 +388,52 @@ def test_broken_toml_routes_by_last_good_copy_or_fails(shim_binary: str, tmp_pat
         "case 4 TOML syntax error as runc-guard-nvidia: stock n/a (nvidia's own runtime has no such file) | "
         "runc-guard routes 5/5 calls to nvidia by the last good copy, 1 journal entry per file version; "
         "no last good copy: exit 78, plain runc never reached"
+    )
+
+
+def test_last_good_routing_survives_a_reboot(shim_binary: str, python_entry: str, tmp_path: Any) -> None:
+    """Issue 30 case 2: the last good routing is persistent (the state directory, not /run). A good
+    file, one call, then a syntax error and /run emptied as a reboot does: ``runc-guard --version``
+    (launcher and Python entry alike) still reaches the configured runtime, never plain runc. A node
+    that never saw a good version refuses every name (exit 78, one line) instead of running runc."""
+    tmp = str(tmp_path)
+    tools, tracer, routed = _runtime_and_plain_runc(tmp, "gpu-runtime")
+    config = os.path.join(tmp, "config.toml")
+    run_dir = os.path.join(tmp, "run")  # the tmpfs a reboot empties
+    env = {
+        "PATH": f"{tools}:{os.environ['PATH']}",
+        "RUNC_GUARD_CONFIG": config,
+        "RUNC_GUARD_CACHE_DIR": run_dir,
+        "RUNC_GUARD_STATE_DIR": os.path.join(tmp, "var-lib"),
+        "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp, "no-journald"),
+    }
+
+    def call(binary: str, state: str = "var-lib") -> subprocess.CompletedProcess[str]:
+        return subprocess.run([binary, "--version"], capture_output=True, text=True, check=False, timeout=30,
+                              env={**env, "RUNC_GUARD_STATE_DIR": os.path.join(tmp, state)})
+
+    with open(config, "w") as f:
+        f.write(f'runtime = "{tracer}"\n')
+    assert call(shim_binary).returncode == 0
+    with open(config, "w") as f:
+        f.write(f'runtime = "{tracer}\n')  # the closing quote lost
+    state = os.stat(os.path.join(tmp, "var-lib"))
+    assert (state.st_uid, state.st_mode & 0o777) == (0, 0o700)
+    for binary in (shim_binary, python_entry, shim_binary):
+        subprocess.run(["rm", "-rf", run_dir], check=True)  # the reboot
+        proc = call(binary)
+        assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    assert routed() == ["gpu-runtime --version"] * 4
+    for binary in (shim_binary, python_entry):
+        subprocess.run(["rm", "-rf", run_dir], check=True)
+        fresh = call(binary, state="fresh-var-lib")
+        assert fresh.returncode == 78 and fresh.stderr.count("\n") == 1, fresh.stderr
+        assert "no last good routing for 'runc-guard" in fresh.stderr
+    assert routed() == ["gpu-runtime --version"] * 4, "plain runc must never be reached"
+    SUMMARY.append(
+        "issue 30 case 2 broken settings file after a reboot: stock n/a | "
+        "before: plain runc, exit 0, silent | "
+        "now: 3/3 calls routed by the persistent last good copy; no copy: exit 78, one line, runc never run"
     )
 
 
@@ -643,11 +697,11 @@ needs_strace = prereq.needs(os.access(STRACE, os.X_OK), f"{STRACE} (apt-get inst
 
 
 @needs_strace
-def test_sigint_while_the_delete_path_loads_prints_no_traceback(shim_binary: str, tmp_path: Any) -> None:
+def test_sigint_while_the_delete_path_loads_prints_no_traceback(python_entry: str, tmp_path: Any) -> None:
     """Case 7: SIGINT right after the delete starts (while ``runc_guard.delete.run`` is imported): the
     shim's note-only handler holds it, the delete honours it first thing: exit 130, one line, no
     traceback, the runtime never ran."""
-    proc = sigint_while_importing(shim_binary, "runc_guard/delete/run.py", str(tmp_path))
+    proc = sigint_while_importing(python_entry, "runc_guard/delete/run.py", str(tmp_path))
     assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
     assert proc.returncode == 128 + signal.SIGINT, proc.stderr
     assert proc.stderr.count("\n") == 1 and "interrupted by SIGINT" in proc.stderr
@@ -657,8 +711,8 @@ def test_sigint_while_the_delete_path_loads_prints_no_traceback(shim_binary: str
 
 
 @needs_strace
-def test_sigint_while_the_shim_loads_prints_no_traceback(shim_binary: str, tmp_path: Any) -> None:
+def test_sigint_while_the_shim_loads_prints_no_traceback(python_entry: str, tmp_path: Any) -> None:
     """Case 7: SIGINT while the shim itself is imported (right after exec): no traceback, exit 130."""
-    proc = sigint_while_importing(shim_binary, "runc_guard/shim/entry.py", str(tmp_path))
+    proc = sigint_while_importing(python_entry, "runc_guard/shim/entry.py", str(tmp_path))
     assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
     assert proc.returncode == 128 + signal.SIGINT, proc.stderr

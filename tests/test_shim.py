@@ -172,17 +172,17 @@ def with_importtime(shim_binary: str) -> list[str]:
     return [*interpreter, "-X", "importtime", shim_binary]
 
 
-def test_the_shim_runs_isolated_and_without_site(shim_binary: str) -> None:
-    """As the .deb's /usr/bin/runc-guard: python -IS, so no .pth file, sitecustomize or
+def test_the_shim_runs_isolated_and_without_site(python_entry: str) -> None:
+    """As the .deb's Python entry: python -IS, so no .pth file, sitecustomize or
     PYTHON* variable in containerd's environment runs on a runtime call."""
-    with open(shim_binary) as f:
+    with open(python_entry) as f:
         assert f.readline().split()[1:] == ["-IS"]
 
 
-def test_hot_path_imports_no_heavy_modules(shim_binary: str, tmp_path: os.PathLike[str]) -> None:
+def test_hot_path_imports_no_heavy_modules(python_entry: str, tmp_path: os.PathLike[str]) -> None:
     """A passthrough loads none of click/structlog/psutil/tenacity/tomllib/dataclasses/re."""
     env = isolated_env(tmp_path, {})
-    argv = [*with_importtime(shim_binary), "--version"]
+    argv = [*with_importtime(python_entry), "--version"]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
     assert "site" not in {line.split("|")[-1].strip() for line in proc.stderr.splitlines()}
     imported = {
@@ -193,14 +193,14 @@ def test_hot_path_imports_no_heavy_modules(shim_binary: str, tmp_path: os.PathLi
     assert "runc version" in proc.stdout
 
 
-def test_hot_path_with_warm_settings_cache(shim_binary: str, tmp_path: os.PathLike[str]) -> None:
+def test_hot_path_with_warm_settings_cache(python_entry: str, tmp_path: os.PathLike[str]) -> None:
     """With a settings file present, the second call reads the cache and skips tomllib."""
     config = os.path.join(tmp_path, "config.toml")
     with open(config, "w") as f:
         f.write('runtime = "runc"\n')
     env = isolated_env(tmp_path, {"RUNC_GUARD_CONFIG": config})
     runs = [
-        subprocess.run([*with_importtime(shim_binary), "--version"], env=env, capture_output=True, text=True,
+        subprocess.run([*with_importtime(python_entry), "--version"], env=env, capture_output=True, text=True,
                        check=True)
         for _ in range(2)
     ]

@@ -164,9 +164,12 @@ def status(load: str = "loaded", active: str = "active", sub: str = "running") -
         (status(active="failed", sub="failed"), True, ss.RESET),
     ],
 )
-def test_decide(st: ss.UnitStatus, empty: bool, action: str) -> None:
-    """Stop what is active, wait while systemd stops, reset a failed unit only once it is empty."""
-    assert ss.decide(st, empty) == action
+@pytest.mark.parametrize("stop_active", [True, False])
+def test_decide(st: ss.UnitStatus, empty: bool, action: str, stop_active: bool) -> None:
+    """Stop what is active, wait while systemd stops, reset a failed unit only once it is empty;
+    ``stop_active=False`` (the delete, issue 30 case 10) never stops, leaving an active unit alone."""
+    expected = ss.NOTHING if action == ss.STOP and not stop_active else action
+    assert ss.decide(st, empty, stop_active) == expected
 
 
 # -- the bounded calls, against a scripted systemd ---------------------------------
@@ -587,3 +590,13 @@ def test_audit_judges_a_failed_scope_of_a_gone_container_a_problem() -> None:
     report.failed_scopes.append({"id": ID_GONE, "action": "would_reset_failed", "unit": "v"})
     assert judge(report, 0, 1800.0) == NPD_PROBLEM
     assert "1 failed scope unit(s) of gone containers" in report.message
+
+
+def test_settle_without_stop_leaves_an_active_scope(fake: FakeSystemd) -> None:
+    """An active unit is left as it is (``left_active``): no stop job that could end in Result=timeout."""
+    result = ss.settle("u.scope", lambda: False, soon(), stop_active=False)
+    assert result.outcome == ss.LEFT_ACTIVE
+    assert fake.verbs() == []
+    fake.active = fake.sub = "failed"
+    assert ss.settle("u.scope", lambda: True, soon(), stop_active=False).outcome == ss.RESET_FAILED
+    assert fake.verbs() == ["reset-failed"]

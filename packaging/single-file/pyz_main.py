@@ -1,7 +1,7 @@
 # __main__ of the single-file build (runc-guard.pyz).
 #
 # Under any name but runc-guardctl this is the shim containerd runs, so it does
-# exactly what bin/runc-guard does and nothing more: two imports, then main().
+# exactly what bin/runc-guard.py does and nothing more: two imports, then main().
 # Modules are loaded by the frozen zipimport from precompiled .pyc files next to
 # their sources (unchecked-hash pycs: no stat of a source; an interpreter of
 # another version falls back to the .py source).
@@ -14,7 +14,8 @@ if sys.argv[0].rpartition("/")[2] != "runc-guardctl":
 
     _noted = []  # SIGTERM/SIGINT/SIGHUP before the shim can act: noted, never a traceback
     for _signum in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
-        _signal.signal(_signum, lambda signum, _frame: _noted.append(signum))
+        if _signal.getsignal(_signum) != _signal.SIG_IGN:  # ignored by the caller: the runtime inherits that
+            _signal.signal(_signum, lambda signum, _frame: _noted.append(signum))
     from runc_guard.shim.entry import main
 
     sys.exit(main(_noted))

@@ -70,6 +70,25 @@ def cgroup_driver_report(containerd_config: str, runtime_root: str) -> tuple[dic
     return report, problems
 
 
+LAUNCHER, PYTHON_ENTRY = "launcher", "python entry"
+
+
+def front_door(binary: str) -> str:
+    """Which runc-guard ``binary`` is: the compiled launcher (an ELF) or the Python entry (a script).
+
+    Both are complete BinaryNames; the Python entry costs an interpreter start on
+    every runtime call (docs/launcher.md).
+    """
+    try:
+        with open(binary, "rb") as f:
+            head = f.read(4)
+    except OSError as exc:
+        return f"unknown ({exc.strerror})"
+    if head == b"\x7fELF":
+        return LAUNCHER
+    return PYTHON_ENTRY if head[:2] in (b"#!", b"PK") else "unknown (neither ELF nor a script)"
+
+
 def handler_routes(containerd_config: str, invoked_shim: str) -> tuple[dict[str, Any], list[str]]:
     """Per CRI handler of the effective config (imports merged): what containerd will run.
 
@@ -94,6 +113,7 @@ def handler_routes(containerd_config: str, invoked_shim: str) -> tuple[dict[str,
         if h.frontable:
             route["shim_runs"] = h.runs
             if cc.is_runc_guard(h.runs, invoked_shim):
+                route["front_door"] = front_door(h.runs)
                 invoked = os.path.basename(h.runs)
                 unmapped = unmapped_problem(settings, invoked)
                 if unmapped is not None:  # the shim fails such calls with 78: pods there cannot start
@@ -129,7 +149,7 @@ def route_lines(report: dict[str, Any]) -> list[str]:
         if route["shim_runs"] is None:
             chain = "not a runc shim: left to its own runtime"
         elif "runc_guard_runs" in route:
-            chain = f"{route['shim_runs']} -> {route['runc_guard_runs']}"
+            chain = f"{route['shim_runs']} ({route.get('front_door', '?')}) -> {route['runc_guard_runs']}"
         else:
             chain = f"{route['shim_runs']} (no runc-guard)"
         lines.append(f"  handler {name}{legacy}: {route['runtime_type'] or '-'}: {chain}")
@@ -176,6 +196,12 @@ KERNEL_FEATURES = (
         "cgroup.stat", "4.14 (cgroup v2 only)",
         "metrics: nr_dying_descendants, the cgroups the kernel has not freed yet",
         "no dying-cgroup gauge (v1: /proc/cgroups counts only)",
+    ),
+    KernelFeature(
+        "memcg reclaim", "5.19 (v2 memory.reclaim; v1 memory.force_empty)",
+        "delete: reclaim a container's empty memory cgroup before its rmdir, so the kernel frees it",
+        "memory cgroups are removed with their page cache still charged and stay dying, as with the"
+        " runtime alone (runc_guard_memcg_left_charged_total counts them)",
     ),
     KernelFeature(
         "PSI", "4.20 (CONFIG_PSI, not psi=0)",
@@ -241,6 +267,33 @@ def _v2_child(mounts: dict[str, str]) -> str | None:
     return None
 
 
+def _memcg_reclaim(mounts: dict[str, str], release: str) -> tuple[bool | None, str]:
+    """Can this kernel reclaim a memory cgroup on demand (delete.reclaim)? v1 always; v2 since 5.19."""
+    for mount, fstype in sorted(mounts.items()):
+        if fstype == "cgroup" and os.path.exists(os.path.join(mount, "memory.force_empty")):
+            return True, f"memory.force_empty in {mount} (cgroup v1)"
+    for mount, fstype in sorted(mounts.items()):
+        if fstype != "cgroup2":
+            continue
+        try:
+            with open(os.path.join(mount, "cgroup.controllers")) as f:
+                controllers = f.read().split()
+        except OSError:
+            controllers = []
+        if "memory" not in controllers:
+            continue
+        try:
+            with os.scandir(mount) as it:
+                child = next((e.path for e in it if e.is_dir(follow_symlinks=False)
+                              and os.path.exists(os.path.join(e.path, "memory.current"))), None)
+        except OSError:
+            child = None
+        if child is not None:
+            return os.path.exists(os.path.join(child, "memory.reclaim")), f"in {child}"
+        return kernel_at_least("5.19", release), f"by kernel version {release}"
+    return False, "no memory controller mounted"
+
+
 def kernel_report(
     mounts: dict[str, str], pressure_dir: str = "/proc/pressure", release: str | None = None
 ) -> tuple[list[dict[str, Any]], list[str]]:
@@ -257,6 +310,7 @@ def kernel_report(
         "pidfd_open": _probe(_pidfd_open_self),
         "pidfd_send_signal": _probe(_pidfd_send_signal_self),
         "PSI": (os.path.exists(os.path.join(pressure_dir, "cpu")), ""),
+        "memcg reclaim": _memcg_reclaim(mounts, release),
     }
     for feature in KERNEL_FEATURES:
         if feature.name.startswith("cgroup."):
@@ -303,7 +357,8 @@ def diagnose(
 ) -> tuple[dict[str, Any], list[str]]:
     """Facts about this node's runc-guard and a list of problems found (empty when healthy)."""
     problems: list[str] = []
-    report: dict[str, Any] = {"config_file": config_path(os.environ), "invoked_as": invoked_as}
+    report: dict[str, Any] = {"config_file": config_path(os.environ), "invoked_as": invoked_as,
+                              "front_door": front_door(installed_shim())}
     try:
         settings = load_settings()
         report["settings"] = settings.as_dict()
@@ -384,6 +439,7 @@ def doctor(invoked_as: str, containerd_config: str, runtime_root: str, fmt: str)
     else:
         click.echo(f"settings:       {report.get('settings_source', report['config_file'])}")
         click.echo(f"runtime:        {report.get('runtime', '-')}")
+        click.echo(f"front door:     {report['front_door']} ({installed_shim()})")
         click.echo(f"runtime version: {report.get('runtime_version', '-')}")
         click.echo(f"journald:       {'yes' if report.get('journald') else 'no'}")
         for key, value in sorted(report.get("settings", {}).items()):

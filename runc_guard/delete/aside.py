@@ -16,6 +16,7 @@ import time
 
 from runc_guard import cjson
 from runc_guard.atomic import read_trusted, write_atomic
+from runc_guard.delete.bounds import MAX_ASIDE_RECORDS, crowded, drop_oldest
 from runc_guard.delete.pending import record_path
 
 TYPE_CHECKING = False
@@ -62,6 +63,9 @@ def write_aside(
         write_atomic(path, cjson.dumps(doc).encode(), 0o600, durable=False, dir_mode=0o700)
     except OSError:
         return None
+    if crowded(os.path.dirname(path)):  # /run stays bounded without the sweep's timer (delete.bounds)
+        prune_aside(cache_dir)
+        drop_oldest(os.path.dirname(path), MAX_ASIDE_RECORDS, ".json")
     return path
 
 

@@ -15,11 +15,14 @@ import select
 import time
 
 from runc_guard.libc import statfs_type
+from runc_guard.procinfo import unescape_mountinfo
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Protocol
+
+    from runc_guard.delete.reclaim import Reclaim
 else:  # a plain base at run time: typing costs ~2.5 ms of every delete's start-up
     Protocol = object
 
@@ -48,6 +51,7 @@ class CgroupFsOps(Protocol):
     def wait_for_change(self, paths: Iterable[str], timeout: float, event_timeout: float) -> None: ...
     def modified_at(self, path: str) -> float | None: ...
     def stop_load_balance(self, path: str) -> None: ...
+    def reclaim_memory(self, path: str, deadline: float) -> Reclaim: ...
 
 
 class RealCgroupFs:
@@ -168,6 +172,12 @@ class RealCgroupFs:
     def rmdir(self, path: str) -> None:
         os.rmdir(path)
 
+    def reclaim_memory(self, path: str, deadline: float) -> Reclaim:
+        """Reclaim the pages charged to the empty memory cgroup ``path`` (delete.reclaim), by ``deadline``."""
+        from runc_guard.delete.reclaim import reclaim
+
+        return reclaim(path, deadline)
+
     def stop_load_balance(self, path: str) -> None:
         """Write 0 to a cgroup v1 cpuset's ``cpuset.sched_load_balance``, before its rmdir.
 
@@ -239,21 +249,5 @@ def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> dict[str, str]:
             fstype = right.split(" ", 1)[0]
             if fstype in ("cgroup", "cgroup2"):
                 mount_point = left.split(" ")[4]
-                mounts[_unescape_mountinfo(mount_point)] = fstype
+                mounts[unescape_mountinfo(mount_point)] = fstype
     return mounts
-
-
-def _unescape_mountinfo(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as octal ``\\NNN``."""
-    if "\\" not in field:
-        return field
-    out = []
-    i = 0
-    while i < len(field):
-        if field[i] == "\\" and i + 3 < len(field) + 0 and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)

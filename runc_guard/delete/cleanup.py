@@ -43,7 +43,7 @@ _RETRYABLE = (errno.EBUSY, errno.ENODEV, errno.EINTR)
 class CleanupReport:
     """What one cleanup did; filled in as it goes so a failure still reports it."""
 
-    __slots__ = ("attempts", "killed", "remaining", "removed", "waited_ms")
+    __slots__ = ("attempts", "killed", "reclaimed", "remaining", "removed", "unreclaimed", "waited_ms")
 
     def __init__(self) -> None:
         self.attempts = 0
@@ -52,6 +52,10 @@ class CleanupReport:
         self.killed: list[int] = []
         #: Directories still present at the end -> live pids found in them.
         self.remaining: dict[str, tuple[int, ...]] = {}
+        #: Bytes reclaimed from the container's empty memory cgroups before their rmdir (delete.reclaim).
+        self.reclaimed = 0
+        #: Memory cgroups left charged (why: the value): removed anyway, the kernel keeps them dying.
+        self.unreclaimed: dict[str, str] = {}
 
 
 # -- how a cleanup fails: built complete, with what it did so far ----------------------
@@ -127,12 +131,48 @@ def live_pids(path: str, fs: CgroupFsOps) -> tuple[int, ...]:
     return tuple(pid for pid in fs.read_procs(path) if pid <= 0 or fs.pid_alive(pid))
 
 
+class Reclaimer:
+    """Reclaims each empty memory cgroup once, before its rmdir, within one budget (delete.reclaim).
+
+    The budget starts at the first cgroup that has pages charged, so the wait for
+    the cgroups to empty does not eat it, and never runs past ``deadline``.
+    ``budget`` 0: nothing is reclaimed (a caller that must not spend the time).
+    """
+
+    def __init__(
+        self, fs: CgroupFsOps, report: CleanupReport, budget: float, deadline: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.fs = fs
+        self.report = report
+        self.budget = budget
+        self.deadline = deadline
+        self.clock = clock
+        self.until: float | None = None
+        self.done: set[str] = set()
+
+    def __call__(self, path: str) -> None:
+        if self.budget <= 0 or path in self.done:
+            return
+        self.done.add(path)
+        if self.until is None:
+            self.until = min(self.deadline, self.clock() + self.budget)
+        result = self.fs.reclaim_memory(path, self.until)
+        self.report.reclaimed += result.reclaimed
+        if result.skipped:
+            self.report.unreclaimed[path] = result.skipped
+        else:
+            self.report.unreclaimed.pop(path, None)
+
+
 def attempt_removal(
-    roots: Sequence[str], fs: CgroupFsOps, report: CleanupReport, kill: bool, remove: bool = True
+    roots: Sequence[str], fs: CgroupFsOps, report: CleanupReport, kill: bool, remove: bool = True,
+    reclaim: Reclaimer | None = None,
 ) -> dict[str, tuple[int, ...]]:
     """One pass over every directory; returns what is left (path -> live pids).
 
     With ``remove=False`` nothing is removed: an empty directory is simply done.
+    ``reclaim``: an empty directory's memory is reclaimed first (removed or not).
     """
     remaining: dict[str, tuple[int, ...]] = {}
     for root in roots:
@@ -145,12 +185,16 @@ def attempt_removal(
                             report.killed.append(pid)
                 remaining[path] = pids
                 continue
+            if reclaim is not None:
+                reclaim(path)
             if remove:
                 _rmdir(path, fs, report, remaining)
     return remaining
 
 
-def remove_listed(paths: Sequence[str], fs: CgroupFsOps, report: CleanupReport) -> dict[str, tuple[int, ...]]:
+def remove_listed(
+    paths: Sequence[str], fs: CgroupFsOps, report: CleanupReport, reclaim: Reclaimer | None = None
+) -> dict[str, tuple[int, ...]]:
     """rmdir ``paths`` in the order given (leaf-first), without looking at them again.
 
     For a caller that has just read every one of them (children and
@@ -159,10 +203,13 @@ def remove_listed(paths: Sequence[str], fs: CgroupFsOps, report: CleanupReport) 
     read builds a pid list the kernel frees later). A process or child cgroup
     that appeared since the look is still safe: the kernel refuses rmdir of a
     populated cgroup or one with children (EBUSY), and such a path is returned
-    as remaining, like :func:`attempt_removal` does.
+    as remaining, like :func:`attempt_removal` does. ``reclaim``: each one's memory is
+    reclaimed first (delete.reclaim).
     """
     remaining: dict[str, tuple[int, ...]] = {}
     for path in paths:
+        if reclaim is not None:
+            reclaim(path)
         _rmdir(path, fs, report, remaining)
     return remaining
 
@@ -217,8 +264,12 @@ def drain(
     remove: bool = True,
     watch_foreign: bool = False,
     clock: Callable[[], float] = time.monotonic,
+    reclaim_budget: float = 0.0,
 ) -> CleanupReport:
     """Wait until ``roots`` (and their subtrees) are empty, removing them if ``remove``.
+
+    ``reclaim_budget``: seconds to spend reclaiming the empty memory cgroups among
+    them (each once, before its rmdir; see delete.reclaim); 0 reclaims nothing.
 
     A plain deadline loop, as runc's RemovePath: attempt, and while anything is
     left, sleep until a cgroup changes or a poll interval passes. At least one
@@ -230,10 +281,11 @@ def drain(
     report = CleanupReport()
     started = clock()
     watch = _ForeignWatch(fs, clock) if watch_foreign else None
+    reclaim = Reclaimer(fs, report, reclaim_budget, deadline, clock) if reclaim_budget > 0 else None
     while True:
         report.attempts += 1
         try:
-            remaining = attempt_removal(roots, fs, report, may_kill, remove)
+            remaining = attempt_removal(roots, fs, report, may_kill, remove, reclaim)
         finally:
             report.waited_ms = int((clock() - started) * 1000)
         report.remaining = remaining

@@ -15,6 +15,7 @@ import time
 
 from runc_guard import cjson
 from runc_guard.atomic import write_atomic
+from runc_guard.delete.bounds import crowded, prune_stale_locks
 from runc_guard.values import Value
 
 TYPE_CHECKING = False
@@ -137,6 +138,9 @@ class Claim:
             pass
         os.close(self.fd)
         self.fd = -1
+        lock_dir = os.path.dirname(self.path)
+        if crowded(lock_dir):  # deletes SIGKILLed while they held theirs (delete.bounds)
+            prune_stale_locks(lock_dir)
 
 
 def find_record(pending_dir: str, runtime_root: str, container_id: str) -> PendingRecord | None:

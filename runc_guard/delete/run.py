@@ -31,6 +31,7 @@ from runc_guard import cjson
 from runc_guard.atomic import append_line
 from runc_guard.delete import runclog
 from runc_guard.delete.aside import write_aside
+from runc_guard.delete.bounds import STATS_CAP_BYTES
 from runc_guard.delete.cgroupfs import FALLBACKS, CgroupFsOps, RealCgroupFs, cgroup_mounts
 from runc_guard.delete.cleanup import (
     CgroupBusy,
@@ -51,6 +52,7 @@ from runc_guard.delete.pending import (
     remove_record,
     write_record,
 )
+from runc_guard.delete.reclaim import DELETE_BUDGET as RECLAIM_BUDGET
 from runc_guard.delete.report import EventLog, deliver, detach_finisher
 from runc_guard.delete.runtime_child import RuntimeRun, run_runtime_child
 from runc_guard.delete.state import (
@@ -72,8 +74,8 @@ from runc_guard.errors import (
     StateUnreadable,
     UnsafeCgroupPath,
 )
-from runc_guard.procinfo import ALIVE, DEAD, deadline_origin, init_liveness
-from runc_guard.settings import Settings, first_report
+from runc_guard.procinfo import ALIVE, DEAD, SERVING_SHIM, UNKNOWN_CALLER, delete_caller, init_liveness
+from runc_guard.settings import SERVING_SHIM_DELETE_TIMEOUT, Settings, first_report
 from runc_guard.shim.argv import Invocation
 from runc_guard.spool import spool_dir
 
@@ -148,6 +150,7 @@ class DeleteRun:
         clock: Callable[[], float] = time.monotonic,
         started: float | None = None,
         log: EventLog | None = None,
+        caller: str = UNKNOWN_CALLER,
     ) -> None:
         assert invocation.container_id is not None
         self.invocation = invocation
@@ -161,7 +164,9 @@ class DeleteRun:
         self.started = clock() if started is None else min(started, clock())
         #: Seconds the deadline moved earlier for a busy node (a finisher completes the rest).
         self.reply_margin = self._reply_margin(clock() - self.started)
-        self.deadline = self.started + settings.delete_timeout - self.reply_margin
+        #: What the caller allows this delete (procinfo.delete_caller; delete_budget).
+        self.budget = delete_budget(caller, settings.delete_timeout)
+        self.deadline = self.started + self.budget - self.reply_margin
         self.container_id: str = invocation.container_id
         self.root = os.path.abspath(invocation.root)
         context = {"container_id": self.container_id, "runtime": runtime, "runtime_root": invocation.root}
@@ -178,9 +183,13 @@ class DeleteRun:
         }
         if self.reply_margin > 0.001:
             self.canonical["reply_margin_ms"] = round(self.reply_margin * 1000)
+        if caller != UNKNOWN_CALLER:
+            self.canonical["caller"] = caller
         self.record: str | None = None
         #: The container's cgroup directories, once read from its state.
         self.paths: list[str] = []
+        #: Of those, the v1 freezers already frozen when this delete began (a paused container).
+        self.paused: frozenset[str] = frozenset()
         #: (pid, start) of an init alive when a ``delete --force`` began: the deadline's kill.
         self.live_init: tuple[int, int] | None = None
         #: The sandbox whose delete runs this one (a CRI sandbox's dead sibling), if any.
@@ -325,19 +334,19 @@ class DeleteRun:
         a crash storm: ``sleep`` in state D, in every hierarchy, for good). Thawing
         is what runc itself would have done next; only a path of this container's
         own (``self.paths``, proven at the start) is written, and only where the
-        v1 freezer says FROZEN or FREEZING.
+        v1 freezer says FROZEN or FREEZING now but did not when the delete began:
+        a container paused before (``runc pause``) stays paused, as the runtime
+        alone leaves it, and containerd still believes.
         """
         for path in self.paths:
-            state_file = os.path.join(path, "freezer.state")
+            if path in self.paused or _freezer_frozen(path) is not True:
+                continue  # paused by its owner, not by the runtime's destroy; or no v1 freezer, or gone
             try:
-                with open(state_file, "rb") as f:
-                    frozen = f.read().strip() in (b"FROZEN", b"FREEZING")
-                if frozen:
-                    with open(state_file, "wb") as f:
-                        f.write(b"THAWED")
-                    self.canonical.setdefault("thawed", []).append(path)
+                with open(os.path.join(path, "freezer.state"), "wb") as f:
+                    f.write(b"THAWED")
             except OSError:
-                continue  # not a v1 freezer cgroup, or gone
+                continue
+            self.canonical.setdefault("thawed", []).append(path)
 
     def _without_state(self, reason: str) -> None:
         """No state: finish a pending record if one is left, else this is a plain passthrough."""
@@ -389,6 +398,7 @@ class DeleteRun:
             ) from None
         self.canonical["cgroup_paths"] = ownership.paths
         self.paths = ownership.paths
+        self.paused = frozenset(p for p in ownership.paths if _freezer_frozen(p))
         if ownership.step_aside is not None:
             self._step_aside(ownership.step_aside, None)
         with self._claim() as held:
@@ -467,9 +477,8 @@ class DeleteRun:
             self._step_aside(f"cannot tell whether init {state.init_pid} is alive (/proc unreadable)", None)
         unit = self._scope_unit(state)
         if liveness == DEAD and wait_first:
-            # The dead-shim path: empty first, so the runtime's own removal succeeds.
-            if unit is not None:
-                self._settle_scope(unit, paths, "systemd_scope")
+            # The dead-shim path: empty first, so the runtime's own removal succeeds. A scope
+            # is not stopped here: systemd collects it once empty, as it would without us.
             self._wait_empty(paths, may_kill, watch_foreign, before_runtime=True)
         run = self._run_runtime(self.deadline)
         run = self._rerun_while_busy(run, state, paths, may_kill, watch_foreign)
@@ -484,7 +493,7 @@ class DeleteRun:
         if unit is not None:
             # A scope runc could not stop in time is left "failed": reset it once empty,
             # before the v1 leftovers go (systemd then collects the unit and its own dirs).
-            self._settle_scope(unit, paths, "systemd_scope_after")
+            self._settle_scope(unit, paths)
         report = self._remove(paths, may_kill, watch_foreign, runtime_status=run.status)
         remove_record(self.record or "")
         # "removed": runc-guard had work to do (waited for or killed processes, or removed
@@ -505,18 +514,21 @@ class DeleteRun:
             self.canonical["systemd_unit"] = unit
         return unit
 
-    def _settle_scope(self, unit: str, paths: list[str], key: str) -> None:
-        """Work with systemd, not behind its back: stop the scope, wait, reset-failed it.
+    def _settle_scope(self, unit: str, paths: list[str]) -> None:
+        """After the runtime's delete: wait out its stop job, reset-failed the scope once empty.
 
-        runc's own systemd driver waits for systemd's whole stop job (twice the stop
-        timeout) and is SIGKILLed by containerd at 5 s with us; here the same stop
-        is waited for within our deadline. Still busy at the deadline: exit 75 with
-        the record kept, before containerd's kill; no systemd to ask: nothing changes.
+        Never a stop job of our own (``stop_active=False``): systemd turns a stop whose
+        TimeoutStopSec passes before the last process exits into ``failed``
+        (Result=timeout), where the runtime alone, never reaching its StopUnit (runc's
+        ``--force`` polling an exiting init), leaves systemd to collect the emptied
+        scope (issue 30, case 10); and an active unit after the runtime's delete is not
+        this container's to stop. Still busy at the deadline: exit 75 with the record
+        kept, before containerd's kill; no systemd to ask: nothing changes.
         """
         if transient_unit_loaded(unit) is False:
             # systemd has already freed the unit (the runtime's stop, or its own collection of an
             # empty scope): nothing to stop or reset, and no need to load systemd_scope or run systemctl.
-            self.canonical[key] = {
+            self.canonical["systemd_scope_after"] = {
                 "unit": unit, "outcome": "not_loaded", "waited_ms": 0, "detail": "no transient unit file"
             }
             return
@@ -525,8 +537,8 @@ class DeleteRun:
         def empty() -> bool:
             return not any(live_pids(p, self.fs) for p in paths if self.fs.exists(p))
 
-        result = settle(unit, empty, self.deadline, self.settings.poll_interval)
-        self.canonical[key] = result.as_dict()
+        result = settle(unit, empty, self.deadline, self.settings.poll_interval, stop_active=False)
+        self.canonical["systemd_scope_after"] = result.as_dict()
         if result.outcome == STILL_BUSY:
             state = result.status.active_state if result.status is not None else "busy"
             raise Outcome(
@@ -602,6 +614,7 @@ class DeleteRun:
                 remove=remove,
                 watch_foreign=watch_foreign,
                 clock=self.clock,
+                reclaim_budget=RECLAIM_BUDGET,
             )
         except CgroupBusy as exc:
             self._account(exc.report)
@@ -624,6 +637,12 @@ class DeleteRun:
             set(self.canonical["stragglers_killed"]) | set(report.killed)
         )
         self.canonical["removed"] += len(report.removed)
+        if report.reclaimed:
+            self.canonical["memcg_reclaimed_kb"] = self.canonical.get("memcg_reclaimed_kb", 0) + (
+                report.reclaimed >> 10
+            )
+        if report.unreclaimed:
+            self.canonical.setdefault("memcg_unreclaimed", {}).update(report.unreclaimed)
 
     def _write_record(self, state: ContainerState, paths: list[str]) -> str | None:
         record = PendingRecord(
@@ -718,6 +737,18 @@ class DeleteRun:
 
 
 
+def delete_budget(caller: str, delete_timeout: float) -> float:
+    """Seconds this delete may take, from what its caller allows (docs/deadline.md).
+
+    The dead-shim cleanup (5 s) and an unknown caller get ``delete_timeout``; the
+    serving shim, under CRI's 10 s per exit event, at least SERVING_SHIM_DELETE_TIMEOUT,
+    where stock runc waiting on systemd's stop job would still finish.
+    """
+    if caller == SERVING_SHIM:
+        return max(delete_timeout, SERVING_SHIM_DELETE_TIMEOUT)
+    return delete_timeout
+
+
 def _level(end: Outcome) -> str:
     """error for runc-guard's own failures; warning where the runtime decided; else info.
 
@@ -726,6 +757,15 @@ def _level(end: Outcome) -> str:
     if end.failed:
         return "error"
     return "warning" if end.outcome in WARNING_OUTCOMES else "info"
+
+
+def _freezer_frozen(path: str) -> bool | None:
+    """Does the v1 freezer at ``path`` say FROZEN or FREEZING? None: no freezer there (or gone)."""
+    try:
+        with open(os.path.join(path, "freezer.state"), "rb") as f:
+            return f.read().strip() in (b"FROZEN", b"FREEZING")
+    except OSError:
+        return None
 
 
 def _state_ids(root: str) -> list[str]:
@@ -784,9 +824,12 @@ def append_stats(stats_file: str, outcome: str, entry: Mapping[str, Any], contai
             # wall time from the process's start (or containerd's budget's), and the runtime's share
             "total_ms": entry.get("total_ms", 0),
             "runtime_ms": entry.get("runtime_ms", 0),
+            # memory cgroups: KiB reclaimed before their rmdir, and how many were left charged (dying)
+            "reclaimed_kb": entry.get("memcg_reclaimed_kb", 0),
+            "memcg_left": len(entry.get("memcg_unreclaimed", ())),
         }
     )
-    append_line(stats_file, line + "\n", make_dirs=True)
+    append_line(stats_file, line + "\n", make_dirs=True, rotate_at=STATS_CAP_BYTES)
 
 
 def run_delete(
@@ -801,7 +844,8 @@ def run_delete(
     """The shim's delete path; the error boundary for everything after argv parsing.
 
     ``origin``: when containerd's budget started, as the shim read it
-    (procinfo.deadline_origin); read here when the caller did not.
+    (procinfo.deadline_origin); read here when the caller did not. Who the caller is
+    (procinfo.delete_caller) sets the budget.
 
     A settings problem never changes how the delete ends: valid keys apply,
     invalid ones keep their defaults (``settings.load``), and each problem is
@@ -810,8 +854,9 @@ def run_delete(
     """
     run: DeleteRun | None = None
     try:
-        started = origin if origin is not None else deadline_origin()
-        run = DeleteRun(invocation, args, runtime, settings, started=started)
+        caller, found = delete_caller()
+        started = origin if origin is not None else found
+        run = DeleteRun(invocation, args, runtime, settings, started=started, caller=caller)
         for problem in settings.problems:
             if first_report(settings.cache_dir, settings.config_file, problem):
                 run.log.error("config_invalid", reason=problem)

@@ -60,6 +60,8 @@ NOT_SYSTEMD_DRIVER = "not_systemd_driver"
 NOT_LOADED = "not_loaded"
 STOPPED = "stopped"
 RESET_FAILED = "reset_failed"
+#: An active unit settle was told not to stop (``stop_active=False``): left as it is.
+LEFT_ACTIVE = "left_active"
 STILL_BUSY = "still_busy"
 ERROR = "error"
 
@@ -190,12 +192,15 @@ def parse_show(unit: str, text: str) -> UnitStatus:
 NOTHING, STOP, WAIT, RESET = "nothing", "stop", "wait", "reset_failed"
 
 
-def decide(status: UnitStatus, cgroups_empty: bool) -> str:
+def decide(status: UnitStatus, cgroups_empty: bool, stop_active: bool = True) -> str:
     """The next step for a scope after its container is gone.
 
     - not loaded / inactive: systemd is done with it; nothing to do;
     - active (``running``, ``abandoned``, ``start-*``): ask systemd to stop it,
       which kills what is left in the scope (scopes default to KillMode=control-group);
+      without ``stop_active``, leave it: a stop job is systemd's promise to end in
+      ``failed`` (Result=timeout) when a process outlives TimeoutStopSec, and an
+      active unit after the runtime's own delete is not ours to stop;
     - deactivating (a stop job runs, SIGTERM/SIGKILL sent): wait;
     - failed: ``reset-failed`` once the cgroups are empty (systemd then
       collects the unit and removes the cgroups it manages); while a process is
@@ -207,7 +212,7 @@ def decide(status: UnitStatus, cgroups_empty: bool) -> str:
         return RESET if cgroups_empty else WAIT
     if status.active_state == "deactivating":
         return WAIT
-    return STOP
+    return STOP if stop_active else NOTHING
 
 
 # -- systemd, over systemctl (D-Bus to PID 1's private socket as root) ----------------
@@ -281,12 +286,18 @@ def reset_failed(unit: str, deadline: float) -> ScopeResult:
 
 
 def settle(
-    unit: str, cgroups_empty: Callable[[], bool], deadline: float, poll_interval: float = 0.05
+    unit: str,
+    cgroups_empty: Callable[[], bool],
+    deadline: float,
+    poll_interval: float = 0.05,
+    *,
+    stop_active: bool = True,
 ) -> ScopeResult:
     """Bring the scope to "gone" through systemd before the deadline: stop, wait, reset-failed.
 
     Returns ``no_systemd`` (nothing was asked), ``not_loaded`` (nothing to do),
-    ``stopped``/``reset_failed`` (the unit is gone now) or ``still_busy`` (the
+    ``stopped``/``reset_failed`` (the unit is gone now), ``left_active`` (active,
+    and ``stop_active`` is off: see :func:`decide`) or ``still_busy`` (the
     deadline passed while a process was still dying in the scope: keep the
     pending record; the retry or the sweep finishes it).
     """
@@ -304,9 +315,10 @@ def settle(
             return ScopeResult(unit, current.outcome, current.detail, current.status, waited)
         status = current.status
         assert status is not None
-        action = decide(status, cgroups_empty())
+        action = decide(status, cgroups_empty(), stop_active)
         if action == NOTHING:
-            return ScopeResult(unit, acted or NOT_LOADED, status=status, waited_ms=waited)
+            left = LEFT_ACTIVE if status.loaded and status.active_state not in ("inactive", "failed") else ""
+            return ScopeResult(unit, acted or left or NOT_LOADED, status=status, waited_ms=waited)
         if action == STOP and not stop_sent:
             result = stop(unit, deadline)
             if result.outcome != STOPPED:

@@ -70,6 +70,8 @@ def new_state() -> dict[str, Any]:
         "deletes": {},
         "delete_dirs_removed": 0,
         "delete_killed": 0,
+        "memcg_reclaimed_kb": 0,
+        "memcg_left": 0,
         "delete_wait_buckets": [0] * (len(WAIT_BUCKETS) + 1),
         "delete_wait_sum": 0.0,
         "invalid_lines": 0,
@@ -99,6 +101,8 @@ def apply_delete_line(state: dict[str, Any], line: bytes) -> bool:
         waited = float(doc["waited_ms"]) / 1000.0
         removed = int(doc["removed"])
         killed = int(doc.get("killed", 0))
+        reclaimed_kb = int(doc.get("reclaimed_kb", 0))
+        memcg_left = int(doc.get("memcg_left", 0))
         if not isinstance(outcome, str) or not math.isfinite(waited) or waited < 0:
             raise ValueError(outcome)
     except (ValueError, KeyError, TypeError):
@@ -109,6 +113,8 @@ def apply_delete_line(state: dict[str, Any], line: bytes) -> bool:
     state["deletes"][outcome] = state["deletes"].get(outcome, 0) + 1
     state["delete_dirs_removed"] += max(0, removed)
     state["delete_killed"] += max(0, killed)
+    state["memcg_reclaimed_kb"] += max(0, reclaimed_kb)
+    state["memcg_left"] += max(0, memcg_left)
     index = next((i for i, bound in enumerate(WAIT_BUCKETS) if waited <= bound), len(WAIT_BUCKETS))
     state["delete_wait_buckets"][index] += 1
     state["delete_wait_sum"] += waited
@@ -125,6 +131,9 @@ def record_sweep(state: dict[str, Any], report: Mapping[str, Any], now: float) -
     sweep["records_cleared"] += int(report["records_cleared"])
     sweep["slowed_seconds"] += float(report["slowed"])
     sweep["states_redriven"] = sweep.get("states_redriven", 0) + len(report.get("redriven", ()))
+    # What the sweep reclaimed from leaked memcgs counts with the deletes' own (one pair of counters).
+    state["memcg_reclaimed_kb"] += int(report.get("memcg_reclaimed_kb", 0))
+    state["memcg_left"] += int(report.get("memcg_left", 0))
     for reason, count in report["kept"].items():
         sweep["kept"][reason] = sweep["kept"].get(reason, 0) + int(count)
     sweep["last_timestamp"] = now
@@ -285,6 +294,16 @@ class CountersCollector:
             "runc_guard_delete_stragglers_killed",
             "Processes SIGKILLed by deletes because they were still in the container's cgroups.",
             value=state["delete_killed"],
+        )
+        yield CounterMetricFamily(
+            "runc_guard_memcg_reclaimed_bytes",
+            "Page cache reclaimed from deleted containers' empty memory cgroups before their rmdir.",
+            value=state["memcg_reclaimed_kb"] * 1024,
+        )
+        yield CounterMetricFamily(
+            "runc_guard_memcg_left_charged",
+            "Memory cgroups removed with pages still charged (the kernel keeps them dying until reclaimed).",
+            value=state["memcg_left"],
         )
         cumulative = 0
         buckets: list[tuple[str, float]] = []

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from runc_guard.delete.cgroupfs import CgroupFsOps
+from runc_guard.delete.reclaim import Reclaim
 
 #: What ``--pacing`` accepts: the old fixed batch + pause, or the feedback loop.
 PACING_MODES = ("fixed", "adaptive")
@@ -391,6 +392,9 @@ class RmdirTimer:
 
     def stop_load_balance(self, path: str) -> None:
         self.fs.stop_load_balance(path)
+
+    def reclaim_memory(self, path: str, deadline: float) -> Reclaim:
+        return self.fs.reclaim_memory(path, deadline)
 
 
 # -- the acting part: measure, decide, sleep ----------------------------------------

@@ -15,8 +15,13 @@ What proves it, both from the kernel:
 - and either this is the kernel's initial PID namespace (its nsfs inode
   is ``PROC_PID_INIT_INO``, 0xEFFFFFFC, include/linux/proc_ns.h; every other
   namespace gets a dynamic inode >= 0xF0000000), or a running ``containerd``
-  shares our namespace (a node that is itself a container: kind, a
-  systemd-nspawn machine), so its shims and runtimes do too.
+  shares our namespace *and our root directory* (a node that is itself a
+  container: kind, a systemd-nspawn machine), so its shims and runtimes do too.
+  A name alone proves nothing: a pod without ``hostPID`` that runs its own
+  ``containerd`` (Docker-in-Docker, a CI runner) shares its namespace with that
+  one, not with the node's runtime whose state it may have mounted. A
+  containerd whose ``/proc/<pid>/root`` is another directory than ours runs
+  in another container, and is no proof.
 
 ``NSpid`` in ``/proc/self/status`` is no proof: it lists our pid from the
 namespace of the procfs that is mounted down, so ``unshare --pid
@@ -63,10 +68,17 @@ def _ns_inode(path: str) -> int:
     return os.stat(path).st_ino
 
 
+def _identity(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino)
+
+
 def _containerd_in(proc: str, own: int) -> bool | None:
-    """Whether a ``containerd`` process shares PID namespace ``own``; None when /proc cannot be listed."""
+    """Whether a ``containerd`` process shares PID namespace ``own`` and our root directory;
+    None when /proc cannot be listed or our own root cannot be read."""
     try:
         pids = [p for p in os.listdir(proc) if p.isdigit()]
+        root = _identity(f"{proc}/self/root")
     except OSError:
         return None
     for pid in pids:
@@ -74,7 +86,7 @@ def _containerd_in(proc: str, own: int) -> bool | None:
             with open(f"{proc}/{pid}/comm", "rb") as f:
                 if f.read().strip() != b"containerd":
                     continue
-            if _ns_inode(f"{proc}/{pid}/ns/pid") == own:
+            if _ns_inode(f"{proc}/{pid}/ns/pid") == own and _identity(f"{proc}/{pid}/root") == root:
                 return True
         except OSError:
             continue  # exited meanwhile, or not ours to read
@@ -102,9 +114,11 @@ def pid_namespace_view(proc: str = "/proc", pid: int | None = None) -> PidNamesp
     if shared is None:
         return PidNamespaceView(UNKNOWN, f"cannot list {proc}")
     if shared:
-        return PidNamespaceView(HOST, f"not the initial PID namespace; containerd runs in it (pid:[{own}])")
+        return PidNamespaceView(
+            HOST, f"not the initial PID namespace; containerd runs in it, with our root (pid:[{own}])"
+        )
     return PidNamespaceView(
-        FOREIGN, f"a private PID namespace (pid:[{own}]) without containerd in it"
+        FOREIGN, f"a private PID namespace (pid:[{own}]) without a containerd of our root in it"
     )
 
 

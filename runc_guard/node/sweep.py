@@ -30,11 +30,13 @@ from runc_guard.delete.cgroupfs import CgroupFsOps
 from runc_guard.delete.cleanup import (
     CgroupRemovalFailed,
     CleanupReport,
+    Reclaimer,
     attempt_removal,
     remove_listed,
     subtree_leaf_first,
 )
 from runc_guard.delete.pending import remove_record
+from runc_guard.delete.reclaim import SWEEP_BUDGET as RECLAIM_BUDGET
 from runc_guard.delete.systemd_scope import release_failed_scopes
 from runc_guard.errors import SweepLocked
 from runc_guard.node.discovery import ContainerUnit, Discovery
@@ -321,6 +323,9 @@ class SweepReport:
     records_cleared: int = 0
     #: Aside records (deletes that stepped aside) dropped because nothing they name is left.
     aside_cleared: int = 0
+    #: Page cache reclaimed from leaked memory cgroups before their rmdir, and those left charged.
+    memcg_reclaimed_kb: int = 0
+    memcg_left: int = 0
     errors: list[str] = field(default_factory=list)
     duration: float = 0.0
     slowed: float = 0.0
@@ -449,21 +454,25 @@ class Sweeper:
             return
         cleanup = CleanupReport()
         failed: CgroupRemovalFailed | None = None
+        # What leaked with pages charged would stay dying after its rmdir: reclaimed first, as a delete does.
+        reclaim = Reclaimer(self.fs, cleanup, RECLAIM_BUDGET, self.clock() + RECLAIM_BUDGET, self.clock)
         try:
             if verdict.reason == "orphan_state":
                 # The runtime's delete ran since the look: look again while removing.
-                remaining = attempt_removal(unit.dirs, self.fs, cleanup, kill=False)
+                remaining = attempt_removal(unit.dirs, self.fs, cleanup, kill=False, reclaim=reclaim)
             else:
                 # The look just taken found every directory empty: remove exactly those.
                 # No second read of each cgroup.procs (docs/sweep-pacing.md); one that
                 # was populated since is refused by the kernel (EBUSY) and kept as busy.
                 self._stop_load_balance(facts.present)
-                remaining = remove_listed(facts.present, self.fs, cleanup)
+                remaining = remove_listed(facts.present, self.fs, cleanup, reclaim)
         except CgroupRemovalFailed as exc:
             failed, remaining = exc, {exc.path: ()}
         batch.containers += 1
         batch.dirs_removed += len(cleanup.removed)
         report.dirs_removed += len(cleanup.removed)
+        report.memcg_reclaimed_kb += cleanup.reclaimed >> 10
+        report.memcg_left += len(cleanup.unreclaimed)
         if failed is not None:
             report.errors.append(f"{unit.container_id}: {failed}")
             self._note(report, unit, "error", len(remaining))

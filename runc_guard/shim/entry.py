@@ -9,10 +9,16 @@ to stderr only when it cannot exec at all: go-runc reads ``state`` and ``ps``
 output with stderr combined into stdout, so a stray warning would corrupt JSON.
 
 A settings error never changes where a call goes: a file that no longer parses
-routes by the last version that did (``settings.load``, ``routing_from_last_good``); with
-no such copy, a call under a non-default name (``runc-guard-nvidia``) fails with
-a clear line instead of silently reaching plain runc; so does such a name that
-``[runtimes]`` does not map at all (file missing, entry removed).
+routes by the last version that did (``settings.load``, ``routing_from_last_good``:
+a persistent copy, runc_guard.routes); with no such copy every call fails with a
+clear line and exit 78 instead of silently reaching plain runc; so does a
+non-default name (``runc-guard-nvidia``) that ``[runtimes]`` does not map at all
+(file missing, entry removed).
+
+Usually this runs behind the C launcher (launcher/runc-guard.c), which execs it
+for what it will not route itself and hands over the invoked name and its own
+path in RUNC_GUARD_HANDOVER (``handed_over``); run directly, it is a complete,
+slower BinaryName.
 """
 
 from __future__ import annotations
@@ -139,6 +145,32 @@ def _report_overloaded(
         _journal(environ, "startup_overloaded", reason, 4)
 
 
+def _routed_by_environment(settings: Settings, invoked_as: str, environ: os._Environ[str]) -> bool:
+    """Does RUNC_GUARD_RUNTIME(S) name this call's runtime? Then a broken file is no guess.
+
+    Only asked when the file's routing was dropped, so ``settings`` routes by the environment alone.
+    """
+    if invoked_as in settings.runtimes:
+        return True
+    return is_default_name(invoked_as) and bool(environ.get("RUNC_GUARD_RUNTIME"))
+
+
+def handed_over(environ: os._Environ[str]) -> tuple[str, str]:
+    """(invoked name, path of the binary containerd ran): the launcher's, else this script's.
+
+    The launcher puts ``RUNC_GUARD_HANDOVER=<name>/<its path>`` (a name has no ``/``)
+    first in the environment, and os.environ keeps the first of two equal names, so a
+    caller's own variable of that name cannot stand in for it. It is dropped here and
+    from the runtime's environment (runtime.inherited_environment).
+    """
+    handover = environ.pop("RUNC_GUARD_HANDOVER", None)
+    if handover is not None:
+        name, sep, path = handover.partition("/")  # a name has no "/"; the path is the rest
+        if sep and path:
+            return name, path
+    return os.path.basename(sys.argv[0]), sys.argv[0]
+
+
 def _reraise(noted: list[int]) -> None:
     """A signal that came while we started: die of it as the runtime would have, before exec."""
     if noted:
@@ -157,14 +189,14 @@ def main(noted: list[int] | None = None) -> int:
     noted = [] if noted is None else noted
     environ = os.environ
     args = sys.argv[1:]
-    invoked_as = os.path.basename(sys.argv[0])
+    invoked_as, self_path = handed_over(environ)
     invocation = argv_mod.parse(args)
     settings = load(environ)
     problem = settings.routing_problem
     if problem is not None:
         if first_report(settings.cache_dir, settings.config_file, problem):
             _journal(environ, "config_invalid", problem, 4)
-        if not settings.routing_from_last_good and not is_default_name(invoked_as):
+        if not settings.routing_from_last_good and not _routed_by_environment(settings, invoked_as, environ):
             return _fail(
                 f"{problem}; no last good routing for {invoked_as!r}: refusing to guess its runtime",
                 EXIT_CONFIG,
@@ -174,7 +206,7 @@ def main(noted: list[int] | None = None) -> int:
     if unmapped is not None:
         return _fail(unmapped, EXIT_CONFIG, environ)
     try:
-        runtime = resolve_runtime(settings.runtime_for(invoked_as), sys.argv[0], environ)
+        runtime = resolve_runtime(settings.runtime_for(invoked_as), self_path, environ)
     except RuncGuardError as exc:
         return _fail(str(exc), exc.exit_code, environ)
     slot = origin = None

@@ -98,15 +98,19 @@ def inherited_environment() -> dict[bytes, bytes]:
     ``os.environ`` is not it: with no LANG/LC_* set, CPython's C-locale coercion
     (PEP 538) adds ``LC_CTYPE=C.UTF-8`` at start-up, even under ``-I``, and the
     runtime would inherit it. The kernel's copy in /proc/self/environ is what the
-    caller passed to execve.
+    caller passed to execve; without the launcher's RUNC_GUARD_HANDOVER, which it
+    puts first (shim.entry.handed_over) and which was never the caller's.
     """
     try:
         with open("/proc/self/environ", "rb") as f:
             raw = f.read()
-    except OSError:  # no /proc: the best we have
-        return dict(os.environb)
+    except OSError:  # no /proc: the best we have, without the launcher's hand-over
+        return {k: v for k, v in os.environb.items() if k != b"RUNC_GUARD_HANDOVER"}
+    items = raw.split(b"\0")
+    if items[0].startswith(b"RUNC_GUARD_HANDOVER="):
+        del items[0]
     env: dict[bytes, bytes] = {}
-    for item in raw.split(b"\0"):
+    for item in items:
         key, sep, value = item.partition(b"=")
         if sep and key:
             env[key] = value

@@ -12,6 +12,7 @@ if sys.flags.no_site:  # `python -IS`, as `make venv` installs it: this venv's p
 import _signal
 _noted = []  # SIGTERM/SIGINT/SIGHUP before the shim can act: noted, never a traceback
 for _signum in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
-    _signal.signal(_signum, lambda signum, _frame: _noted.append(signum))
+    if _signal.getsignal(_signum) != _signal.SIG_IGN:  # ignored by the caller: the runtime inherits that
+        _signal.signal(_signum, lambda signum, _frame: _noted.append(signum))
 from runc_guard.shim.entry import main
 sys.exit(main(_noted))

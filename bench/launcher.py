@@ -1,0 +1,87 @@
+"""The front door's cost: runc alone vs the launcher vs the Python entry, side by side.
+
+CPU (wait4 rusage of the whole call) and wall medians per command, all three run
+round-robin in one process on the same real container (labkit.kernel.RuncContainer),
+with a real settings file routing to runc (so the launcher's routing cache is the
+path measured, and the Python entry's marshal cache), plus the delete of an id nobody
+knows. Target (issue 29): launcher - runc <= 1 ms, CPU and wall, for every command.
+
+Run as root: ``python -m bench.launcher [--rounds N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from collections.abc import Sequence
+
+from bench.common import print_table, run_measured
+from bench.passthrough import COMMANDS as PASSTHROUGH
+from labkit.kernel import RuncContainer
+
+#: The passthrough commands, plus the delete of a container nobody knows: containerd 1.6
+#: sends one after every normal task delete, and the launcher execs the runtime for it.
+COMMANDS = {**PASSTHROUGH, "delete (unknown id)": lambda c: ["--root", c.root, "delete", "--force", "gone"]}
+
+
+def measure(candidates: dict[str, Sequence[str]], rounds: int, env: dict[str, str]) -> dict[str, list]:
+    """Every candidate once per round in rotating order (shared noise); 3 warm-up runs each."""
+    names = list(candidates)
+    for name in names:
+        for _ in range(3):
+            run_measured(candidates[name], env)
+    samples: dict[str, list] = {n: [] for n in names}
+    for i in range(rounds):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            done = run_measured(candidates[name], env)
+            if done.status not in (0, 1):
+                raise RuntimeError(f"{candidates[name]} exited {done.status}")
+            samples[name].append(done)
+    return samples
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--commands", default=",".join(COMMANDS))
+    args = parser.parse_args()
+    bindir = os.path.dirname(sys.executable)
+    launcher, entry = os.path.join(bindir, "runc-guard"), os.path.join(bindir, "runc-guard.py")
+    runc = shutil.which("runc") or "/usr/sbin/runc"
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="rgbench-") as workdir:
+        env = dict(os.environ, RUNC_GUARD_CACHE_DIR=os.path.join(workdir, "cache"),
+                   RUNC_GUARD_CONFIG=os.path.join(workdir, "config.toml"))
+        for key in ("RUNC_GUARD_RUNTIME", "RUNC_GUARD_RUNTIMES", "RUNC_GUARD_STATE_DIR"):
+            env.pop(key, None)
+        with open(env["RUNC_GUARD_CONFIG"], "w") as f:
+            f.write(f'runtime = "{runc}"\n')
+        ctr = RuncContainer.start(workdir, children=1)
+        try:
+            for name in args.commands.split(","):
+                tail = COMMANDS[name](ctr)
+                got = measure({"runc": [runc, *tail], "launcher": [launcher, *tail],
+                               "python": [entry, *tail]}, args.rounds, env)
+                cpu = {k: statistics.median(m.cpu for m in v) * 1000 for k, v in got.items()}
+                wall = {k: statistics.median(m.elapsed for m in v) * 1000 for k, v in got.items()}
+                rows.append((name, cpu["runc"], cpu["launcher"], cpu["python"], cpu["launcher"] - cpu["runc"],
+                             wall["runc"], wall["launcher"], wall["python"], wall["launcher"] - wall["runc"]))
+        finally:
+            ctr.destroy()
+    print_table(
+        f"Front door: medians of {args.rounds} interleaved rounds (ms; CPU = wait4 user+sys)",
+        ["command", "CPU runc", "CPU launcher", "CPU python entry", "CPU launcher - runc",
+         "wall runc", "wall launcher", "wall python entry", "wall launcher - runc"],
+        rows,
+    )
+    worst = max(max(r[4], r[8]) for r in rows)
+    print(f"\nworst launcher - runc = {worst:.2f} ms (target <= 1 ms, CPU and wall)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
