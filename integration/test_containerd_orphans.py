@@ -51,6 +51,8 @@ def sweep(lab: cl.Containerd, ns: str, runc: str, tmp: str, *args: str) -> dict[
         RUNC_GUARD_CONFIG=os.path.join(tmp, "absent.toml"),
         RUNC_GUARD_PENDING_DIR=os.path.join(tmp, "run", "pending"),
         RUNC_GUARD_STATS_FILE=os.path.join(tmp, "run", "deletes.jsonl"),
+        # its own cache: the sweep reads (and drops) the stepped-aside records kept there
+        RUNC_GUARD_CACHE_DIR=os.path.join(tmp, "run", "cache"),
         RUNC_GUARD_RUNTIME=runc,
     )
     # On pure v2 only containerd's mount namespace has cgroup2 at /sys/fs/cgroup,

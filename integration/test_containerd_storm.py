@@ -15,6 +15,11 @@ from labkit.journald import Journald
 pytestmark = pytest.mark.kernel
 
 CYCLES = int(os.environ.get("RGCTD_STORM_CYCLES", "50"))
+#: Stock runc's control runs the storm's first crashes only. It shows the harness still
+#: reproduces the incident in this run; that stock runc 1.1.5 leaks on Path B is proven
+#: cell by cell elsewhere (integration/test_matrix.py, tests/test_delete_kernel.py, make
+#: demo), and 40 more stock crashes cost ~90 s of a worker's time for nothing new.
+CONTROL_CYCLES = min(CYCLES, int(os.environ.get("RGCTD_STORM_CONTROL_CYCLES", "10")))
 #: Replays a storm: the seed of the teardown delays (printed in the summary of every run).
 SEED_ENV = "RGCTD_STORM_SEED"
 #: The storm is about removal under random teardowns, not about the deadline edge
@@ -38,7 +43,7 @@ def storm_lab(
 
 
 def test_storm_leaves_nothing_where_stock_runc_leaks(summary: list[str], storm_lab: cl.GuardedLab) -> None:
-    """The same 50 crashes: stock runc leaks; runc-guard leaves 0 directories, or says why.
+    """50 crashes: runc-guard leaves 0 directories, or says why; stock runc leaks in the first 10.
 
     A delete the host starved past its deadline exits 75 and keeps its record (for
     the finisher or the sweep); no container may leak without one.
@@ -52,7 +57,7 @@ def _storm(summary: list[str], guarded: cl.GuardedLab, ctd: cl.Containerd, ns: s
     seed = int(given) if given else random.SystemRandom().randrange(1 << 30)
     rng = random.Random(seed)
     delays = [round(rng.uniform(0.3, 3.0), 2) for _ in range(CYCLES)]
-    stock = cl.crash_storm(ctd, ns, cl.STOCK_RUNC, "runc 1.1.5", delays)
+    stock = cl.crash_storm(ctd, ns, cl.STOCK_RUNC, "runc 1.1.5", delays[:CONTROL_CYCLES])
     guard = cl.crash_storm(ctd, ns, cl.guard_binary(), "runc-guard", delays)
     stats = cl.delete_stats(guarded.settings, set(guard.task_ids))
     waited = [int(str(s["waited_ms"])) for s in stats]
@@ -62,8 +67,8 @@ def _storm(summary: list[str], guarded: cl.GuardedLab, ctd: cl.Containerd, ns: s
     summary.extend([
         f"storm of {CYCLES} Path B crashes, teardown delays 0.3-3 s, delete_timeout "
         f"{STORM_DELETE_TIMEOUT} s (seed {seed}, replay with {SEED_ENV}={seed}):",
-        f"  runc 1.1.5: {stock.leaked_dirs} cgroup dirs leaked by "
-        f"{stock.leaking_containers}/{CYCLES} containers",
+        f"  runc 1.1.5 (the first {CONTROL_CYCLES}): {stock.leaked_dirs} cgroup dirs leaked by "
+        f"{stock.leaking_containers}/{CONTROL_CYCLES} containers",
         f"  runc-guard: {guard.leaked_dirs} cgroup dirs leaked by "
         f"{guard.leaking_containers}/{CYCLES} containers; pending records {len(records)}; "
         f"outcomes {dict((o, outcomes.count(o)) for o in set(outcomes))}; "
@@ -92,4 +97,4 @@ def _storm(summary: list[str], guarded: cl.GuardedLab, ctd: cl.Containerd, ns: s
         for name in records:
             os.unlink(os.path.join(guarded.settings["RUNC_GUARD_PENDING_DIR"], name))
     # The control: the harness still reproduces the incident for most crashes.
-    assert stock.leaking_containers >= CYCLES // 2, stock
+    assert stock.leaking_containers >= CONTROL_CYCLES // 2, stock

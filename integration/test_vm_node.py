@@ -22,6 +22,13 @@ fit the module's CI budget: ``python -m bench.vm_cells --layout hybrid`` runs
 its cells (docs/vm.md). Path B with a sibling container in the pod is
 not in the module (two more minutes of TCG): ``python -m bench.vm_cells --layout
 unified --path b+sibling``, its figures in docs/vm.md.
+
+What the module needs is checked before the boot. The boot and the node check run on
+Debian's own packages (containerd 1.6.20, runc 1.1.5): a clone with nothing beside it
+runs them. Every cell drives the guest's CRI with the shared runtimes' crictl (Debian
+12 ships none), the containerd 2.x cell also needs their runc 1.3.4 and containerd
+2.3.4: without them (``RUNC_GUARD_TEST_RUNTIMES``) those cells skip naming the
+binary, or fail under ``CI=true`` (labkit.prereq), before anything boots for them.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from typing import Any
 
 import pytest
 
-from labkit import prereq, vm
+from labkit import prereq, runtimes, vm
 
 STOCK, GUARD = "stock", "runc"
 HANDLERS = f"{STOCK},{GUARD}"
@@ -44,6 +51,23 @@ PAIR_134 = (STOCK_134, GUARD_134)
 CONTAINERD_2 = "2.3.4"
 #: Restarts per handler in the module's crash loop (bench/vm_crashloop.py runs the long one).
 CRASH_RESTARTS = 2
+
+
+@pytest.fixture(scope="module")
+def cri() -> None:
+    """The shared runtimes' crictl, which every cell drives the guest with: checked before the boot.
+
+    A fixture that needs it names it before ``node`` (pytest sets up a fixture's
+    arguments in order), so a clone without the runtimes never boots for a cell it skips.
+    """
+    runtimes.require(runtimes.CRICTL)
+
+
+@pytest.fixture(scope="module")
+def upgrade() -> None:
+    """The containerd 2.x cell's binaries from the shared runtimes (runc 1.3.4, containerd 2.3.4)."""
+    runtimes.require(runtimes.RUNC_134)
+    runtimes.require(runtimes.CONTAINERD_23)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +93,7 @@ def cell(node: vm.VM, *args: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def teardowns(node: vm.VM) -> dict[str, dict[str, Any]]:
+def teardowns(cri: None, node: vm.VM) -> dict[str, dict[str, Any]]:
     """The throttled-teardown cells, run once; node tools after them (the sweep sees every leftover)."""
     cells = {
         # Shared PID namespace: init dies at once, the writer lingers (the incident's shape).
@@ -205,7 +229,7 @@ def test_node_tools_on_the_unified_tree(teardowns: dict[str, dict[str, Any]], re
         assert (left["dirs"], left["records"]) == (0, 0), (cid, left)
 
 
-def test_oom_crash_loop(node: vm.VM, record_property: Any) -> None:
+def test_oom_crash_loop(cri: None, node: vm.VM, record_property: Any) -> None:
     """Real memcg OOM kills, restarted at CrashLoopBackOff's 1 s floor: runc-guard leaves nothing."""
     result = cell(node, "crash-loop", HANDLERS, str(CRASH_RESTARTS), "900", "container")
     ids = [c for h in (STOCK, GUARD) for c in result[h]["ids"]]
@@ -233,7 +257,7 @@ def test_oom_crash_loop(node: vm.VM, record_property: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def containerd2(node: vm.VM, teardowns: dict[str, Any]) -> dict[str, Any]:
+def containerd2(upgrade: None, teardowns: dict[str, Any], node: vm.VM) -> dict[str, Any]:
     """The node upgraded in place to containerd 2.x, then its Path B cell (runc 1.3.4, what 2.x ships).
 
     Last in the module: stopping containerd 1.6.20 ends every 1.6 cell.

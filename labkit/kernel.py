@@ -214,8 +214,16 @@ class FreezerHold:
             with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
                 f.write(str(pid))
             self.pids.append(pid)
-        self._state("FROZEN")
-        wait_for(lambda: self._read_state() == "FROZEN", 5)
+        # Write FROZEN until it reads FROZEN: the kernel freezes a sleeping task in place,
+        # but a task that was running or runnable at the write is only woken (a fake
+        # signal), and one in the cgroup2 freezer's trap goes straight back to sleep there
+        # unfrozen (freeze_v2_first); each write tries the tasks not yet frozen again.
+        def frozen() -> bool:
+            self._state("FROZEN")
+            return self._read_state() == "FROZEN"
+
+        if not wait_for(frozen, 5):
+            raise RuntimeError(f"{self.path} did not freeze: {self._read_state()}")
 
     def release(self) -> None:
         self._state("THAWED")
@@ -438,16 +446,54 @@ def volume_writer_lifecycle(
                     os.kill(pid, signal.SIGKILL)
         subprocess.run([RUNC, "--root", root, "delete", "--force", cid], capture_output=True, check=False)
 
+def freeze_v2_first(container_dir: str, pids: list[int], name: str = "held") -> str:
+    """Move ``pids`` into a child of the container's cgroup2 directory, frozen (``cgroup.freeze``).
+
+    For the v1 freezer hold on a pure v2 tree: a task the v1 freezer holds first
+    never enters the v2 freezer's trap, so a runtime's own v2 freeze of the
+    container (runc 1.1's ``signalAllProcesses``) waits for it (up to runc's
+    10 s) on some runs and not on others. Frozen by v2 first, it is counted
+    frozen before the v1 hold takes it, and stays counted: the runtime's freeze
+    finishes at once, every run. SIGKILL passes the v2 freezer, not the v1 one.
+    """
+    child = os.path.join(container_dir, name)
+    os.mkdir(child)
+    for pid in pids:
+        with open(os.path.join(child, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+    with open(os.path.join(child, "cgroup.freeze"), "w") as f:
+        f.write("1")
+
+    def frozen() -> bool:
+        with open(os.path.join(child, "cgroup.events")) as f:
+            return "frozen 1" in f.read().split("\n")
+
+    if not wait_for(frozen, 5):
+        raise RuntimeError(f"{child} did not report frozen 1")
+    return child
+
 
 @contextlib.contextmanager
 def container_with_hold(
-    workdir: str, children: int = 3, held: int = 2, freezer_root: str = FREEZER, runc: str = RUNC
+    workdir: str,
+    children: int = 3,
+    held: int = 2,
+    freezer_root: str = FREEZER,
+    runc: str = RUNC,
+    v2_frozen_first: bool = False,
 ) -> Iterator[tuple[RuncContainer, FreezerHold]]:
-    """A host-PID container (started by ``runc``) with ``held`` of its children in a frozen freezer."""
+    """A host-PID container (started by ``runc``) with ``held`` of its children in a frozen freezer.
+
+    ``v2_frozen_first`` (a pure v2 tree with a v1 freezer mounted beside it): the held
+    children are frozen in a cgroup2 child first (:func:`freeze_v2_first`).
+    """
     ctr = RuncContainer.start(workdir, children, runc=runc)
     hold = FreezerHold.create(freezer_root)
     try:
-        hold.hold(ctr.children()[:held])
+        pids = ctr.children()[:held]
+        if v2_frozen_first:
+            freeze_v2_first(os.path.join(CGROUP_ROOT, ctr.cgroup_relative.strip("/")), pids)
+        hold.hold(pids)
         yield ctr, hold
     finally:
         hold.destroy()

@@ -122,10 +122,13 @@ def run_leak_scenario(
     held: int = 2,
     nested: bool = True,
     freezer_root: str = FREEZER,
+    v2_frozen_first: bool = False,
 ) -> dict[str, Any]:
     """Run one Path B delete through ``binary``; return what happened (nothing is asserted)."""
     log_path = os.path.join(workdir, "log.json")
-    with container_with_hold(workdir, children, held, freezer_root) as (ctr, hold):
+    with container_with_hold(
+        workdir, children, held, freezer_root, v2_frozen_first=v2_frozen_first
+    ) as (ctr, hold):
         if nested:
             # a child cgroup made inside the container, as systemd-in-a-container would
             ctr.make_nested()
@@ -182,12 +185,17 @@ def main() -> int:
     parser.add_argument("--hold", type=float, default=1.5)
     parser.add_argument("--freezer-root", default=FREEZER)
     parser.add_argument("--delete-timeout", default="")
+    parser.add_argument("--v2-frozen-first", action="store_true",
+                        help="pure v2: freeze the held children in a cgroup2 child before the v1 hold")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rgtest-") as workdir:
         env = guard_env(workdir)
         if args.delete_timeout:
             env["RUNC_GUARD_DELETE_TIMEOUT"] = args.delete_timeout
-        result = run_leak_scenario(args.binary, workdir, args.hold, env, freezer_root=args.freezer_root)
+        result = run_leak_scenario(
+            args.binary, workdir, args.hold, env, freezer_root=args.freezer_root,
+            v2_frozen_first=args.v2_frozen_first,
+        )  # fmt: skip
     json.dump(result, sys.stdout)
     return 0
 

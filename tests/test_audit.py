@@ -23,6 +23,7 @@ from runc_guard.node.audit import (
 )
 from runc_guard.node.discovery import ContainerUnit, Discovery
 from runc_guard.node.sweep import RuntimeDirs
+from tests.hermetic import own_env, own_roots
 from tests.test_sweep import HIERARCHIES, NOW, POD, AgedFs, add_unit, cid
 
 
@@ -172,8 +173,7 @@ def test_families() -> None:
 
 def test_cli_unknown_when_it_cannot_run(tmp_path: Path) -> None:
     """No cgroup hierarchy below --cgroup-root: exit 2 (NPD unknown) with one UNKNOWN line."""
-    env = {"RUNC_GUARD_CONFIG": str(tmp_path / "none.toml")}
-    result = CliRunner().invoke(cli, ["audit", "--cgroup-root", str(tmp_path)], env=env)
+    result = CliRunner().invoke(cli, ["audit", "--cgroup-root", str(tmp_path)], env=own_env(tmp_path))
     assert result.exit_code == 2
     assert result.output.startswith("UNKNOWN: no cgroup filesystem is mounted")
 
@@ -182,23 +182,16 @@ def test_cli_bad_settings_are_a_problem(tmp_path: Path) -> None:
     """A broken settings file is an NPD problem naming the key (issue 11), and the audit still runs."""
     config = tmp_path / "config.toml"
     config.write_text("no_such_key = 1\n")
-    env = {"RUNC_GUARD_CONFIG": str(config), "RUNC_GUARD_CACHE_DIR": str(tmp_path / "cache")}
-    args = ["audit", "--kubepods", "rgsweep-absent-tree", "--runtime-root", str(tmp_path),
-            "--bundle-root", str(tmp_path), "--state-root", str(tmp_path)]
-    result = CliRunner().invoke(cli, args, env=env)
+    args = ["audit", "--kubepods", "rgsweep-absent-tree", *own_roots(tmp_path)]
+    result = CliRunner().invoke(cli, args, env=own_env(tmp_path, RUNC_GUARD_CONFIG=str(config)))
     assert result.exit_code == 1, result.output
     assert "invalid settings" in result.output and "no_such_key" in result.output
 
 
 def test_cli_ok_on_this_node_json(tmp_path: Path) -> None:
     """On the real cgroup mounts with an empty kubepods name: exit 0 and a JSON report."""
-    env = {
-        "RUNC_GUARD_CONFIG": str(tmp_path / "none.toml"),
-        "RUNC_GUARD_PENDING_DIR": str(tmp_path / "pending"),
-    }
-    args = ["audit", "--kubepods", "rgsweep-absent-tree", "--runtime-root", str(tmp_path),
-            "--bundle-root", str(tmp_path), "--state-root", str(tmp_path), "--format", "json"]
-    result = CliRunner().invoke(cli, args, env=env)
+    args = ["audit", "--kubepods", "rgsweep-absent-tree", *own_roots(tmp_path), "--format", "json"]
+    result = CliRunner().invoke(cli, args, env=own_env(tmp_path))
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert doc["status"] == "ok" and doc["leaked_containers"] == 0

@@ -26,7 +26,7 @@ SHARED_LEAVES = ("atomic", "errors", "journal", "procinfo", "routes", "settings"
 NOT_BEFORE_THE_REPLY = (
     "structlog", "tenacity", "psutil", "click", "prometheus_client", "asyncio", "dataclasses",
     "typing", "subprocess", "hashlib", "datetime", "tomllib",
-    # the stdlib's own heavy ones (docs/benchmarks.md, "import diet"): json loads re and enum,
+    # the stdlib's own heavy ones (docs/benchmarks.md, "Clean delete"): json loads re and enum,
     # signal builds enums, contextlib and re load collections and functools
     "json", "re", "enum", "contextlib", "collections", "functools", "signal", "fnmatch",
 )  # fmt: skip

@@ -19,6 +19,7 @@ import yaml
 
 from labkit import prereq
 from runc_guard.cli import cli
+from tests.hermetic import own_env, own_roots
 
 ROOT = Path(__file__).resolve().parent.parent
 DAEMONSET = ROOT / "contrib" / "kubernetes" / "runc-guard-sweeper.yaml"
@@ -103,11 +104,9 @@ def test_npd_rule_output_fits_on_this_node(tmp_path: Path) -> None:
     config = json.loads(NPD.read_text())
     (rule,) = config["rules"]
     ctl = os.path.join(os.path.dirname(sys.executable), "runc-guardctl")
-    env = dict(os.environ, RUNC_GUARD_CONFIG=str(tmp_path / "none.toml"),
-               RUNC_GUARD_PENDING_DIR=str(tmp_path / "pending"))
-    # The rule's arguments, pointed away from the host's /run/containerd (tests never read it).
-    args = [*rule["args"], "--runtime-root", str(tmp_path), "--bundle-root", str(tmp_path)]
-    done = subprocess.run([ctl, *args], capture_output=True, text=True, env=env, timeout=60,
+    # The rule's arguments, pointed away from the host's runtime state (tests never read it).
+    args = [*rule["args"], "--kubepods", "rgsweep-absent-tree", *own_roots(tmp_path)]
+    done = subprocess.run([ctl, *args], capture_output=True, text=True, env=own_env(tmp_path), timeout=60,
                           check=False)
     assert done.returncode in (0, 1, 2), done.stderr
     assert done.stdout.count("\n") == 1

@@ -24,6 +24,7 @@ from runc_guard.node.metrics import (
     render,
     write_textfile,
 )
+from tests.hermetic import own_env, own_roots
 
 NOW = 1_000_000.0
 
@@ -234,13 +235,8 @@ def test_cli_metrics_folds_and_prints(tmp_path: Path) -> None:
     """`runc-guardctl metrics` folds the stats file and prints the exposition with audit gauges."""
     stats_file = tmp_path / "run" / "deletes.jsonl"
     append(stats_file, line() + line("deadline", waited_ms=3100))
-    env = {
-        "RUNC_GUARD_CONFIG": str(tmp_path / "none.toml"),
-        "RUNC_GUARD_STATS_FILE": str(stats_file),
-        "RUNC_GUARD_PENDING_DIR": str(tmp_path / "run" / "pending"),
-    }
-    args = ["metrics", "--kubepods", "rgsweep-absent-tree", "--runtime-root", str(tmp_path),
-            "--bundle-root", str(tmp_path), "--state-root", str(tmp_path)]
+    env = own_env(tmp_path, RUNC_GUARD_STATS_FILE=str(stats_file))
+    args = ["metrics", "--kubepods", "rgsweep-absent-tree", *own_roots(tmp_path)]
     result = CliRunner().invoke(cli, args, env=env)
     assert result.exit_code == 0, result.output
     samples = {s.name + str(sorted(s.labels.items())): s.value
@@ -256,22 +252,20 @@ def test_cli_metrics_folds_and_prints(tmp_path: Path) -> None:
 
 def test_invalid_settings_still_write_metrics(tmp_path: Path) -> None:
     """A broken settings file: metrics still come out with runc_guard_config_valid 0 (what alerts on it)
-    and the audit's gauges; audit reports it as an NPD problem and writes its metrics file too."""
+    and the audit's gauges; audit reports it as an NPD problem and writes its metrics file too.
+    Its roots and pending records are its own (issue 31: the host's flipped leaked_containers to 1)."""
     config = tmp_path / "config.toml"
     config.write_text("delete_timeout = 'soon'\n")
-    env = {
-        "RUNC_GUARD_CONFIG": str(config),
-        "RUNC_GUARD_CACHE_DIR": str(tmp_path / "cache"),
-        "RUNC_GUARD_STATS_FILE": str(tmp_path / "run" / "deletes.jsonl"),
-    }
-    result = CliRunner().invoke(cli, ["metrics", "--kubepods", "rgsweep-absent-tree"], env=env)
+    env = own_env(tmp_path, RUNC_GUARD_CONFIG=str(config))
+    where = ["--kubepods", "rgsweep-absent-tree", *own_roots(tmp_path)]
+    result = CliRunner().invoke(cli, ["metrics", *where], env=env)
     assert result.exit_code == 0, result.output
     samples = {s.name: s.value for f in text_string_to_metric_families(result.output) for s in f.samples}
     assert samples["runc_guard_config_valid"] == 0
     assert samples["runc_guard_leaked_containers"] == 0  # the audit ran with the valid keys
     assert samples["runc_guard_deletes_total"] == 0
     out = tmp_path / "prom" / "runc_guard.prom"
-    args = ["audit", "--kubepods", "rgsweep-absent-tree", "--metrics-file", str(out)]
+    args = ["audit", *where, "--metrics-file", str(out)]
     result = CliRunner().invoke(cli, args, env=env)
     assert result.exit_code == 1 and "invalid settings" in result.output
     assert "runc_guard_config_valid 0.0" in out.read_text()

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from labkit.kernel import cgroup_mount_points, remove_tree
 from runc_guard.delete.pending import PendingRecord, write_record
+from tests.hermetic import own_env, own_roots
 
 pytestmark = pytest.mark.kernel
 
@@ -99,13 +100,7 @@ def test_metrics_on_a_real_leak(parent: str, tmp_path: Path) -> None:
         ),
     )
     runc = shutil.which("runc") or "/usr/sbin/runc"
-    env = dict(
-        os.environ,
-        RUNC_GUARD_CONFIG=str(tmp_path / "absent.toml"),
-        RUNC_GUARD_PENDING_DIR=str(tmp_path / "run" / "pending"),
-        RUNC_GUARD_STATS_FILE=str(tmp_path / "run" / "deletes.jsonl"),
-        RUNC_GUARD_RUNTIME=runc,
-    )
+    env = own_env(tmp_path, RUNC_GUARD_RUNTIME=runc)
     out = tmp_path / "textfile" / "runc_guard.prom"
     done = subprocess.run(
         [
@@ -113,12 +108,7 @@ def test_metrics_on_a_real_leak(parent: str, tmp_path: Path) -> None:
             "metrics",
             "--kubepods",
             f"{parent}/kubepods",
-            "--runtime-root",
-            str(tmp_path / "runc"),
-            "--bundle-root",
-            str(tmp_path / "bundles"),
-            "--state-root",
-            str(tmp_path / "flat"),
+            *own_roots(tmp_path),
             "-o",
             str(out),
         ],

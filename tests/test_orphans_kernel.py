@@ -38,6 +38,7 @@ from labkit.kernel import (
     sleepers_script,
     wait_for,
 )
+from tests.hermetic import own_env, own_roots
 
 pytestmark = pytest.mark.kernel
 
@@ -143,24 +144,13 @@ def path_b_orphan(
 
 
 def ctl(tmp_path: Path, orphan: Orphan, command: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(
-        os.environ,
-        RUNC_GUARD_CONFIG=str(tmp_path / "absent.toml"),
-        RUNC_GUARD_PENDING_DIR=str(tmp_path / "run" / "pending"),
-        RUNC_GUARD_STATS_FILE=str(tmp_path / "run" / "deletes.jsonl"),
-        RUNC_GUARD_RUNTIME=orphan.runc,
-    )
+    env = own_env(tmp_path, RUNC_GUARD_RUNTIME=orphan.runc)
     argv = [
         CTL,
         command,
         "--kubepods",
         f"{orphan.parent}/kubepods",
-        "--runtime-root",
-        str(tmp_path / "runc"),
-        "--bundle-root",
-        str(tmp_path / "bundles"),
-        "--state-root",
-        str(tmp_path / "flat"),
+        *own_roots(tmp_path),
         "--orphan-root",  # a flat root is judged only when named (containerd's is namespaced)
         str(tmp_path / "flat"),
         "--min-age",

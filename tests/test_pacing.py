@@ -33,6 +33,7 @@ from runc_guard.node.pacing import (
 )
 from runc_guard.node.sweep import RuntimeDirs, Sweeper, SweepOptions
 from tests.fakes import FakeCgroupFs, FakeClock
+from tests.hermetic import own_env, own_roots
 
 SETTINGS = PacingSettings(
     start_batch=100,
@@ -420,22 +421,13 @@ CTL = os.path.join(os.path.dirname(sys.executable), "runc-guardctl")
 @pytest.mark.parametrize("pacing", ["fixed", "adaptive"])
 def test_cli_accepts_pacing(tmp_path: Path, pacing: str) -> None:
     """--pacing fixed|adaptive reaches the report; an empty sweep is still exit 0."""
-    env = dict(
-        os.environ,
-        RUNC_GUARD_CONFIG=str(tmp_path / "absent.toml"),
-        RUNC_GUARD_PENDING_DIR=str(tmp_path / "run" / "pending"),
-        RUNC_GUARD_STATS_FILE=str(tmp_path / "run" / "deletes.jsonl"),
-    )
     done = subprocess.run(
         [
             CTL,
             "sweep",
             "--kubepods",
             "rgsweep-absent-tree",
-            "--runtime-root",
-            str(tmp_path),
-            "--bundle-root",
-            str(tmp_path),
+            *own_roots(tmp_path),
             "--pacing",
             pacing,
             "--max-batch",
@@ -445,7 +437,7 @@ def test_cli_accepts_pacing(tmp_path: Path, pacing: str) -> None:
         ],
         capture_output=True,
         text=True,
-        env=env,
+        env=own_env(tmp_path),
         timeout=60,
         check=False,
     )
@@ -454,19 +446,14 @@ def test_cli_accepts_pacing(tmp_path: Path, pacing: str) -> None:
 
 
 def _empty_sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(
-        os.environ,
-        RUNC_GUARD_CONFIG=str(tmp_path / "absent.toml"),
-        RUNC_GUARD_PENDING_DIR=str(tmp_path / "run" / "pending"),
-        RUNC_GUARD_STATS_FILE=str(tmp_path / "run" / "deletes.jsonl"),
-    )
-    argv = [CTL, "sweep", "--kubepods", "rgsweep-absent-tree", "--runtime-root", str(tmp_path),
-            "--bundle-root", str(tmp_path), "--format", "json", *args]
+    argv = [CTL, "sweep", "--kubepods", "rgsweep-absent-tree", *own_roots(tmp_path), "--format", "json",
+            *args]  # fmt: skip
+    env = own_env(tmp_path)
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
 
 
 def test_adaptive_is_the_default_pacing(tmp_path: Path) -> None:
-    """Without --pacing the sweep paces itself (docs/sweep-pacing.md, 2026-12-01), in the CLI and the API."""
+    """Without --pacing the sweep paces itself (docs/sweep-pacing.md), in the CLI and the API."""
     assert DEFAULT_PACING == SweepOptions().pacing == "adaptive"
     done = _empty_sweep(tmp_path)
     assert done.returncode == 0, done.stderr

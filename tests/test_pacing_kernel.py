@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from labkit.kernel import cgroup_mount_points, remove_tree
+from runc_guard.node.pacing import CgroupCanary
+from tests.hermetic import own_env, own_roots
 
 pytestmark = pytest.mark.kernel
 
@@ -45,28 +47,26 @@ def test_adaptive_sweep_removes_every_leaked_dir(parent: str, tmp_path: Path) ->
     for mount in mounts:
         for cid in ids:
             os.makedirs(os.path.join(mount, parent, pod, cid))
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    env = dict(
-        os.environ,
-        RUNC_GUARD_CONFIG=str(tmp_path / "absent.toml"),
-        RUNC_GUARD_PENDING_DIR=str(tmp_path / "run" / "pending"),
-        RUNC_GUARD_STATS_FILE=str(tmp_path / "run" / "deletes.jsonl"),
-    )
-    done = subprocess.run(
-        [CTL, "sweep", "--kubepods", f"{parent}/kubepods", "--min-age", "0",
-         "--runtime-root", str(empty), "--bundle-root", str(empty),
+    with subprocess.Popen(
+        [CTL, "sweep", "--kubepods", f"{parent}/kubepods", "--min-age", "0", *own_roots(tmp_path),
          "--pacing", "adaptive", "--max-batch", "60", "--format", "json"],
-        capture_output=True, text=True, env=env, timeout=240, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=own_env(tmp_path),
+    ) as sweep:  # fmt: skip
+        try:
+            out, err = sweep.communicate(timeout=240)
+        finally:
+            if sweep.poll() is None:
+                sweep.kill()  # by the pid we started
+    assert sweep.returncode == 0, err
+    # Its own canary (named by its pid): another worker's sweep may be timing one right now.
+    canary = f"{CgroupCanary.PREFIX}{sweep.pid}"
+    report = json.loads(out)
     dirs = CONTAINERS * len(mounts)
     assert (report["removed"], report["dirs_removed"], report["errors"]) == (CONTAINERS, dirs, [])
     for mount in mounts:
         assert not [cid for cid in ids if os.path.isdir(os.path.join(mount, parent, pod, cid))]
         assert os.path.isdir(os.path.join(mount, parent, pod))  # the pod level is never touched
-        assert not [n for n in os.listdir(mount) if n.startswith("runc-guard-canary-")]
+        assert not os.path.exists(os.path.join(mount, canary))
     assert report["pacing"] == "adaptive"
     assert report["baseline"]["canary_p90_ms"] is not None  # root can make the canary here
     batches = report["batches"]

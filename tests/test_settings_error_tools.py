@@ -12,6 +12,8 @@ import subprocess
 import sys
 from typing import Any
 
+from tests.hermetic import own_roots
+
 CTL = os.path.join(os.path.dirname(sys.executable), "runc-guardctl")
 
 
@@ -33,15 +35,8 @@ def ctl(tmp: str, config_text: str, *args: str) -> subprocess.CompletedProcess[s
 
 
 def scan_args(tmp: str) -> list[str]:
-    """The real cgroup tree (read-only here), runtime and bundle roots of our own (empty)."""
-    return [
-        "--cgroup-root",
-        "/sys/fs/cgroup",
-        "--runtime-root",
-        os.path.join(tmp, "runtime-root"),
-        "--bundle-root",
-        os.path.join(tmp, "bundles"),
-    ]
+    """The real cgroup tree (read-only), below a pod tree that does not exist; runtime roots of our own."""
+    return ["--cgroup-root", "/sys/fs/cgroup", "--kubepods", "rgsweep-absent-tree", *own_roots(tmp)]
 
 
 def test_doctor_names_the_typo(tmp_path: Any) -> None:

@@ -28,6 +28,7 @@ from runc_guard.node.sweep import (
     sys_percent,
 )
 from tests.fakes import FakeCgroupFs, FakeClock
+from tests.hermetic import own_env, own_roots
 
 NOW = 10_000.0
 HIERARCHIES = [Hierarchy(f"/cg/{h}", "cgroup") for h in ("memory", "pids", "systemd")]
@@ -515,14 +516,7 @@ CTL = os.path.join(os.path.dirname(sys.executable), "runc-guardctl")
 
 
 def run_ctl(tmp_path: Path, *args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
-    env = dict(
-        os.environ,
-        RUNC_GUARD_CONFIG=str(tmp_path / "absent.toml"),
-        RUNC_GUARD_PENDING_DIR=str(tmp_path / "run" / "pending"),
-        RUNC_GUARD_STATS_FILE=str(tmp_path / "run" / "deletes.jsonl"),
-        RUNC_GUARD_CACHE_DIR=str(tmp_path / "run" / "cache"),
-        **extra_env,
-    )
+    env = own_env(tmp_path, **extra_env)
     return subprocess.run([CTL, *args], capture_output=True, text=True, env=env, timeout=60,
                           check=False)
 
@@ -537,15 +531,14 @@ def test_cli_exit_66_without_cgroup_hierarchy(tmp_path: Path) -> None:
 def test_cli_exit_75_while_another_sweep_runs(tmp_path: Path) -> None:
     """A second sweep while one holds the node's lock exits 75 (try later) and touches nothing."""
     with sweep_lock(str(tmp_path / "run" / "sweep.lock")):
-        done = run_ctl(tmp_path, "sweep", "--kubepods", "rgsweep-absent-tree")
+        done = run_ctl(tmp_path, "sweep", "--kubepods", "rgsweep-absent-tree", *own_roots(tmp_path))
     assert done.returncode == 75
     assert "another sweep holds" in done.stderr
 
 
 def test_cli_empty_sweep_summary(tmp_path: Path) -> None:
     """A sweep that finds nothing says so and exits 0."""
-    done = run_ctl(tmp_path, "sweep", "--kubepods", "rgsweep-absent-tree", "--runtime-root",
-                   str(tmp_path), "--bundle-root", str(tmp_path), "--state-root", str(tmp_path))
+    done = run_ctl(tmp_path, "sweep", "--kubepods", "rgsweep-absent-tree", *own_roots(tmp_path))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("found 0 container cgroup(s) in ")
 
@@ -560,8 +553,7 @@ def test_cli_sweep_drops_aside_records_once_nothing_they_name_is_left(tmp_path: 
     still.mkdir()
     kept = write_aside(cache, str(tmp_path), "c-kept", [str(still)], "unsure")
     write_aside(cache, str(tmp_path), "c-gone", [str(tmp_path / "vanished")], "unsure")
-    done = run_ctl(tmp_path, "sweep", "--kubepods", "rgsweep-absent-tree", "--runtime-root",
-                   str(tmp_path), "--bundle-root", str(tmp_path), "--state-root", str(tmp_path))
+    done = run_ctl(tmp_path, "sweep", "--kubepods", "rgsweep-absent-tree", *own_roots(tmp_path))
     assert done.returncode == 0, done.stderr
     assert "aside records 1" in done.stdout, done.stdout
     assert [p for p, _ in iter_aside(cache)] == [kept]

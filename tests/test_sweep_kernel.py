@@ -25,6 +25,7 @@ import pytest
 from labkit import prereq
 from labkit.kernel import cgroup_mount_points, procs, remove_tree, wait_for
 from runc_guard.delete.pending import PendingRecord, write_record
+from tests.hermetic import own_env, own_roots
 
 pytestmark = pytest.mark.kernel
 
@@ -100,23 +101,13 @@ def one_hierarchy(mounts: list[str]) -> str:
     raise AssertionError(f"no usable hierarchy in {mounts}")
 
 
-def env_for(tmp_path: Path) -> dict[str, str]:
-    return dict(
-        os.environ,
-        RUNC_GUARD_CONFIG=str(tmp_path / "absent.toml"),
-        RUNC_GUARD_PENDING_DIR=str(tmp_path / "run" / "pending"),
-        RUNC_GUARD_STATS_FILE=str(tmp_path / "run" / "deletes.jsonl"),
-    )
-
-
 def sweep(trees: Trees, tmp_path: Path, *args: str, prefix: tuple[str, ...] = ()) -> str:
     argv = [
         *prefix, CTL, "sweep",
         "--kubepods", f"{trees.parent}/kubepods", "--kubepods", f"{trees.parent}/kubepods.slice",
-        "--runtime-root", str(tmp_path / "runc"), "--bundle-root", str(tmp_path / "bundles"),
-        "--state-root", str(tmp_path / "flat"), *args,
+        *own_roots(tmp_path), *args,
     ]
-    done = subprocess.run(argv, capture_output=True, text=True, env=env_for(tmp_path),
+    done = subprocess.run(argv, capture_output=True, text=True, env=own_env(tmp_path),
                           timeout=240, check=False)
     assert done.returncode == 0, done.stderr
     return done.stdout

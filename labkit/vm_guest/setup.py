@@ -19,6 +19,11 @@ binary with a drop-in (its directory first on PATH: containerd starts the
 containerd --config /etc/containerd/config-2.toml ... --restart``, and import
 the images with 2.x's ``ctr``. Root and state stay containerd's defaults
 (``/var/lib/containerd``, ``/run/containerd``), as on an upgraded node.
+
+crictl comes only with the shared runtimes (Debian 12 ships none). Without it
+(a newcomer's clone with nothing beside it) the 1.6.20 setup still runs: it waits
+for ``ctr version`` instead of ``crictl info`` and reads the handlers from
+``containerd config dump``; only the CRI cells, which the host skips, need crictl.
 """
 
 from __future__ import annotations
@@ -87,25 +92,42 @@ def write_config(with_134: bool) -> None:
                 "image-endpoint: unix:///run/containerd/containerd.sock\ntimeout: 60\n")
 
 
+def have_crictl() -> bool:
+    return os.access(CRICTL, os.X_OK)
+
+
 def wait_crictl(timeout: float = 60) -> None:
+    """containerd answers after its restart: its CRI (``crictl info``), or ``ctr version`` without crictl."""
+    probe = [CRICTL, "info"] if have_crictl() else ["ctr", "version"]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if sh(CRICTL, "info", check=False).returncode == 0:
+        if sh(*probe, check=False).returncode == 0:
             return
         time.sleep(0.5)
-    raise SystemExit("containerd's CRI did not answer after the restart")
+    raise SystemExit(f"containerd did not answer {' '.join(probe)} after the restart")
+
+
+def cri_runtimes() -> Any:
+    """The CRI handlers containerd runs with: what its CRI reports, else its merged config (1.6's layout)."""
+    if have_crictl():
+        info = json.loads(sh(CRICTL, "info").stdout)
+        return info.get("config", {}).get("containerd", {}).get("runtimes", {})
+    import tomllib  # plain values (tomlkit's booleans are not JSON)
+
+    dumped = tomllib.loads(sh("containerd", "config", "dump").stdout)
+    return dumped["plugins"][CRI]["containerd"]["runtimes"]
 
 
 def report(configured: subprocess.CompletedProcess[str], **extra: object) -> None:
-    info = json.loads(sh(CRICTL, "info").stdout)
-    runtimes = info.get("config", {}).get("containerd", {}).get("runtimes", {})
+    runtimes = cri_runtimes()
     with open("/etc/runc-guard/config.toml") as f:
         settings = f.read()
+    images = [CRICTL, "images", "-q"] if have_crictl() else ["ctr", "-n", "k8s.io", "images", "ls", "-q"]
     print(json.dumps({
         "configure": configured.stdout.strip().splitlines(),
         "handlers": {n: {"binary": r.get("options", {}).get("BinaryName"),
                          "systemd": r.get("options", {}).get("SystemdCgroup")} for n, r in runtimes.items()},
-        "images": sh(CRICTL, "images", "-q").stdout.split(),
+        "images": sh(*images).stdout.split(),
         "runc_guard_config": settings.rsplit("[runtimes]", 1)[-1].strip(),
         **extra,
     }))

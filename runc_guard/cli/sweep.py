@@ -33,7 +33,7 @@ from runc_guard.settings import Settings, load_settings
 #: The mode used when --pacing is not given. adaptive removes the incident's 81,470
 #: directories in <= 60 s with the probe's p99 <= 2x idle on a 2-core node since the sweep
 #: reads each directory once and clears v1 cpusets' sched_load_balance before their rmdir
-#: (docs/sweep-pacing.md, 2026-12-01); fixed stays available (--pacing fixed).
+#: (docs/sweep-pacing.md); fixed stays available (--pacing fixed).
 DEFAULT_PACING = "adaptive"
 _PACING_DEFAULTS = PacingSettings()
 
