@@ -16,7 +16,7 @@ import time
 
 from runc_guard import cjson
 from runc_guard.atomic import read_trusted, write_atomic
-from runc_guard.delete.bounds import MAX_ASIDE_RECORDS, crowded, drop_oldest
+from runc_guard.delete.bounds import MAX_ASIDE_RECORDS, crowded, drop_oldest, unlink_all
 from runc_guard.delete.pending import record_path
 
 TYPE_CHECKING = False
@@ -109,7 +109,7 @@ def prune_aside(cache_dir: str, exists: Callable[[str], bool] = os.path.lexists)
     For the sweep, so that /run does not fill with records of a node's crash loops.
     An unusable record is dropped too: audit has had its chance to report it.
     """
-    dropped = 0
+    done = []
     for path, doc in iter_aside(cache_dir):
         if doc is not None:
             listed = doc["cgroup_paths"]
@@ -117,9 +117,5 @@ def prune_aside(cache_dir: str, exists: Callable[[str], bool] = os.path.lexists)
             state_dir = os.path.join(str(doc.get("runtime_root", "")), str(doc["container_id"]))
             if any(exists(p) for p in paths) or (not paths and exists(state_dir)):
                 continue
-        try:
-            os.unlink(path)
-            dropped += 1
-        except OSError:
-            pass
-    return dropped
+        done.append(path)
+    return unlink_all(done)

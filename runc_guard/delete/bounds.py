@@ -28,6 +28,10 @@ import fcntl
 import os
 import time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
 #: A directory larger than this (bytes of its own inode) is worth listing and pruning.
 CROWDED_DIR_BYTES = 64 << 10
 #: deletes.jsonl is rotated by the writer past this: metrics rotates at 1 MiB (ROTATE_BYTES).
@@ -60,8 +64,13 @@ def drop_oldest(directory: str, keep: int, suffix: str) -> int:
     except OSError:
         return 0
     aged.sort(reverse=True)
+    return unlink_all(path for _mtime, path in aged[keep:])
+
+
+def unlink_all(paths: Iterable[str]) -> int:
+    """Unlink each of ``paths`` that still exists; how many went (a vanished one is not an error)."""
     dropped = 0
-    for _mtime, path in aged[keep:]:
+    for path in paths:
         try:
             os.unlink(path)
             dropped += 1
