@@ -7,12 +7,15 @@
 # adds -IS back, so the tests and benches run the shim the way the .deb's
 # /usr/bin/runc-guard runs (~7 ms less CPU per call: no site, no .pth files).
 import sys
+
 if sys.flags.no_site:  # `python -IS`, as `make venv` installs it: this venv's packages by hand
     sys.path.append(sys.executable.rsplit("/", 2)[0] + "/lib/python%d.%d/site-packages" % sys.version_info[:2])
 import _signal
+
 _noted = []  # SIGTERM/SIGINT/SIGHUP before the shim can act: noted, never a traceback
 for _signum in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
     if _signal.getsignal(_signum) != _signal.SIG_IGN:  # ignored by the caller: the runtime inherits that
         _signal.signal(_signum, lambda signum, _frame: _noted.append(signum))
 from runc_guard.shim.entry import main
+
 sys.exit(main(_noted))

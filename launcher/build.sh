@@ -19,6 +19,6 @@ cc=${CC:-gcc}
 tmp="$out.build.$$"
 trap 'rm -f "$tmp"' EXIT
 "$cc" -std=c11 -Wall -Wextra -Werror -O2 -static -DPY_ENTRY="\"$entry\"" "$@" \
-    -o "$tmp" "$here/runc-guard.c"
+    -o "$tmp" "$here/runc-guard.c" "$here/admit.c" "$here/sha256.c"
 chmod 0755 "$tmp"
 mv -f "$tmp" "$out"

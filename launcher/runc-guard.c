@@ -55,6 +55,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "launcher.h"
+
 #define EXIT_RUNTIME_UNAVAILABLE 69
 #define EXIT_CONFIG 78
 
@@ -62,9 +64,10 @@
 #define DEFAULT_STATE_DIR "/var/lib/runc-guard"
 #define DEFAULT_RUNTIME "runc"
 #define DEFAULT_PENDING_DIR "/run/runc-guard/pending"
+#define DEFAULT_CACHE_DIR "/run/runc-guard"
 #define DEFAULT_ROOT "/run/runc"
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#define ROUTES_HEADER "runc-guard-routes 1"
+#define ROUTES_HEADER "runc-guard-routes 2"
 /* The Python entry, relative to this binary's directory unless absolute. */
 #ifndef PY_ENTRY
 #define PY_ENTRY "runc-guard.py"
@@ -282,6 +285,12 @@ int main(int argc, char **argv)
 	printf("force=%d\n", inv.force);
 	put_hex("root", inv.root && *inv.root ? inv.root : DEFAULT_ROOT);
 	printf("delete=%d\n", inv.is_delete);
+	{
+		char root[PATH_MAX], name[NAME_MAX + 1];
+		int named = inv.is_delete && record_name(inv.root && *inv.root ? inv.root : DEFAULT_ROOT,
+							 inv.container_id, root, sizeof(root), name, sizeof(name)) == 0;
+		put_hex("record", named ? name : NULL);
+	}
 	return 0;
 }
 #else
@@ -292,6 +301,7 @@ struct routes {
 	const char *runtime;
 	const char *pending_dir;
 	int debug;
+	struct admit_settings admission;
 	int names;
 	const char *name[MAX_NAMES];
 	const char *name_runtime[MAX_NAMES];
@@ -334,6 +344,18 @@ static char *field(char *line, const char *key)
 	if (line == NULL || strncmp(line, key, n) != 0 || line[n] != '\t' || line[n + 1] == '\0')
 		return NULL;
 	return line + n + 1;
+}
+
+/* A float the Python side wrote (repr), finite and >= 0, that is the whole word; or -1. */
+static int parse_seconds(const char *s, double *out)
+{
+	char *end;
+
+	if (s == NULL || *s < '0' || *s > '9')
+		return -1;
+	errno = 0;
+	*out = strtod(s, &end);
+	return errno == 0 && *end == '\0' && *out >= 0 && *out < 1e9 ? 0 : -1;
 }
 
 /* A decimal unsigned number that is the whole word, or -1 (ERANGE, junk, empty). */
@@ -432,6 +454,14 @@ static int read_routes(const char *state_dir, const char *config, const struct s
 	if (r->runtime == NULL || r->pending_dir == NULL || v == NULL || (strcmp(v, "0") && strcmp(v, "1")))
 		return -1;
 	r->debug = v[0] == '1';
+	if (parse_seconds(field(next_line(&cur, end), "timeout"), &r->admission.timeout) != 0 ||
+	    parse_seconds(field(next_line(&cur, end), "finish"), &r->admission.finish_window) != 0 ||
+	    parse_seconds(field(next_line(&cur, end), "linger"), &r->admission.linger) != 0)
+		return -1;
+	r->admission.journal_socket = field(next_line(&cur, end), "journal");
+	r->admission.log_file = field(next_line(&cur, end), "logfile");
+	if (r->admission.journal_socket == NULL || r->admission.log_file == NULL)
+		return -1;
 	while ((line = next_line(&cur, end)) != NULL && strcmp(line, "end") != 0) {
 		v = field(line, "name");
 		tab = v ? strchr(v, '\t') : NULL;
@@ -566,20 +596,30 @@ static void exec_runtime(const char *path, char **argv)
  * name and this binary's path (the first environment entry, removed again by the entry).
  * One allocation: the environment's size is the caller's, no stack buffer fits every one.
  */
-static void exec_python(char **argv, const char *invoked, const char *self_path, int code, const char *why)
+static int python_entry(const char *self_path, char *entry, size_t size)
 {
-	char entry[PATH_MAX], handover[PATH_MAX + NAME_MAX + sizeof(HANDOVER) + 2], **env;
 	const char *slash = strrchr(self_path, '/');
-	size_t count = 0;
 	int n;
 
 	if (PY_ENTRY[0] == '/' || slash == NULL)
-		n = snprintf(entry, sizeof(entry), "%s", PY_ENTRY);
+		n = snprintf(entry, size, "%s", PY_ENTRY);
 	else
-		n = snprintf(entry, sizeof(entry), "%.*s/%s", (int)(slash - self_path), self_path, PY_ENTRY);
-	if (n < 0 || (size_t)n >= sizeof(entry))
+		n = snprintf(entry, size, "%.*s/%s", (int)(slash - self_path), self_path, PY_ENTRY);
+	return n >= 0 && (size_t)n < size ? 0 : -1;
+}
+
+/* `tail`: "" for a plain hand-over, "\nadmitted <slot> <origin ns> <role>" for an admitted
+ * delete (shim/entry.py handed_over); a newline cannot end a path readlink gave us unnoticed. */
+static void exec_python_with(char **argv, const char *invoked, const char *self_path, int code, const char *why,
+			     const char *tail)
+{
+	char entry[PATH_MAX], handover[PATH_MAX + NAME_MAX + sizeof(HANDOVER) + 96], **env;
+	size_t count = 0;
+	int n;
+
+	if (python_entry(self_path, entry, sizeof(entry)) != 0)
 		bail(code, "%s; the Python entry's path is too long", why);
-	n = snprintf(handover, sizeof(handover), HANDOVER "%s/%s", invoked, self_path);
+	n = snprintf(handover, sizeof(handover), HANDOVER "%s/%s%s", invoked, self_path, tail);
 	if (n < 0 || (size_t)n >= sizeof(handover))
 		bail(code, "%s; the invoked name is too long to hand over", why);
 	while (environ[count])
@@ -593,6 +633,64 @@ static void exec_python(char **argv, const char *invoked, const char *self_path,
 	argv[0] = entry;
 	execve(entry, argv, env);
 	bail(code, "%s; cannot exec the Python entry %s: %m", why, entry);
+}
+
+static void exec_python(char **argv, const char *invoked, const char *self_path, int code, const char *why)
+{
+	exec_python_with(argv, invoked, self_path, code, why, "");
+}
+
+/*
+ * Does a RUNC_GUARD_* variable change a setting the admission reads (settings.py: the
+ * variable wins over the file)? Then the Python entry admits the delete: the launcher
+ * never parses a setting the way settings.py might not.
+ */
+static int admission_variable(void)
+{
+	static const char *const names[] = {"RUNC_GUARD_DELETE_TIMEOUT=", "RUNC_GUARD_FINISH_WINDOW=",
+					    "RUNC_GUARD_REPORTER_LINGER=", "RUNC_GUARD_JOURNAL_SOCKET=",
+					    "RUNC_GUARD_LOG_FILE=", "RUNC_GUARD_LOG_LEVEL=", NULL};
+
+	for (int i = 0; names[i]; i++)
+		if (env_value(names[i]) != NULL)
+			return 1;
+	return 0;
+}
+
+/*
+ * A known container's delete: admitted here (launcher/admit.c) when the routing cache gave
+ * the admission's settings; loaded in the Python entry with the slot and the budget's origin
+ * handed over, or run by the runtime alone once the step-aside is recorded. Never returns.
+ */
+static void interpose(char **argv, const char *invoked, const char *self_path, const char *runtime_path,
+		      const struct invocation *inv, struct routes *r, int from_file)
+{
+	char entry[PATH_MAX], handover[PATH_MAX + NAME_MAX + sizeof(HANDOVER) + 2], tail[96];
+	const char *cache = env_value("RUNC_GUARD_CACHE_DIR=");
+	struct helper_exec helper = {entry, handover};
+	struct admitted a;
+	int n;
+
+	if (!from_file || admission_variable() || python_entry(self_path, entry, sizeof(entry)) != 0)
+		exec_python(argv, invoked, self_path, EXIT_RUNTIME_UNAVAILABLE, "a delete to interpose");
+	n = snprintf(handover, sizeof(handover), HANDOVER "%s/%s", invoked, self_path);
+	if (n < 0 || (size_t)n >= sizeof(handover))
+		exec_python(argv, invoked, self_path, EXIT_RUNTIME_UNAVAILABLE, "a delete to interpose");
+	r->admission.cache_dir = cache ? cache : DEFAULT_CACHE_DIR;
+	switch (admit(inv->container_id, inv->root && *inv->root ? inv->root : DEFAULT_ROOT, runtime_path,
+		      &r->admission, &helper, &a)) {
+	case ADMIT_ASIDE:
+		exec_runtime(runtime_path, argv);
+		exec_python(argv, invoked, self_path, EXIT_RUNTIME_UNAVAILABLE, "cannot exec the runtime");
+		break;
+	case ADMIT_LOAD:
+		snprintf(tail, sizeof(tail), "\nadmitted %d %lld %s", a.slot, a.origin_ns, a.role);
+		exec_python_with(argv, invoked, self_path, EXIT_RUNTIME_UNAVAILABLE, "a delete to interpose", tail);
+		break;
+	case ADMIT_UNSURE:
+		break;
+	}
+	exec_python(argv, invoked, self_path, EXIT_RUNTIME_UNAVAILABLE, "a delete to interpose");
 }
 
 /* Is a RUNC_GUARD_* variable that names the runtime set (names: settings.py Settings._compared)? */
@@ -639,6 +737,7 @@ int main(int argc, char **argv)
 	struct routes routes;
 	struct stat self, st;
 	ssize_t len;
+	int from_file = 0;
 
 	if (argc < 1)
 		bail(EXIT_CONFIG, "started without argv[0]: cannot tell which runtime to front");
@@ -667,6 +766,7 @@ int main(int argc, char **argv)
 	if (stat(config, &st) == 0) {
 		if (read_routes(state_dir, config, &st, buf, sizeof(buf), &routes) != 0)
 			exec_python(argv, invoked, self_path, EXIT_CONFIG, "no routing cache to trust");
+		from_file = 1;
 	} else if (errno == ENOENT) { /* no settings file: the defaults, as settings.py has them */
 		memset(&routes, 0, sizeof(routes));
 		routes.runtime = DEFAULT_RUNTIME;
@@ -682,7 +782,7 @@ int main(int argc, char **argv)
 	if (inv.is_delete && delete_variables(&routes) != 0)
 		exec_python(argv, invoked, self_path, EXIT_CONFIG, "a RUNC_GUARD_* variable settings.py refuses");
 	if (inv.is_delete && known_to_anyone(&inv, &routes))
-		exec_python(argv, invoked, self_path, EXIT_RUNTIME_UNAVAILABLE, "a delete to interpose");
+		interpose(argv, invoked, self_path, runtime_path, &inv, &routes, from_file);
 	exec_runtime(runtime_path, argv);
 	/* The Python entry reports a runtime that cannot be exec'd, journal entry included. */
 	exec_python(argv, invoked, self_path, EXIT_RUNTIME_UNAVAILABLE, "cannot exec the runtime");

@@ -12,14 +12,23 @@ Plain text the C side parses with no allocation, one ``key<TAB>value`` per line,
 in this order (values never hold a tab, newline or NUL; such a routing is not
 cached and every call takes the Python entry)::
 
-    runc-guard-routes 1
+    runc-guard-routes 2
     config  <settings file path>
     file    <dev> <ino> <size> <mtime_ns> <ctime_ns>
     runtime <runtime>
     pending <pending_dir>
     debug   0|1
+    timeout <delete_timeout>                (repr of a float)
+    finish  <finish_window>
+    linger  <reporter_linger>
+    journal <journal_socket>
+    logfile <log_file>
     name    <invoked name> <runtime>      (one per [runtimes] entry)
     end
+
+``timeout`` to ``logfile`` are what the launcher's start-up admission of a delete
+needs (launcher/admit.c: its slots, its step-aside record, spool entry and
+helpers); like the routing they are the file's own values, never RUNC_GUARD_*.
 
 The launcher trusts it only when it and its directory belong to the euid and
 nobody else may write them, and ``file`` is the settings file's identity now.
@@ -36,11 +45,18 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-HEADER = "runc-guard-routes 1"
+HEADER = "runc-guard-routes 2"
+#: The launcher before its start-up admission wrote this; still a last good routing.
+OLD_HEADERS = ("runc-guard-routes 1",)
 #: The launcher's buffer (MAX_ROUTES) and name table (MAX_NAMES): a bigger routing is not cached.
 MAX_BYTES = 65536
 MAX_NAMES = 256
 _FORBIDDEN = ("\t", "\n", "\0")
+#: The settings the launcher's start-up admission of a delete reads, in the file's order.
+ADMISSION_KEYS = ("delete_timeout", "finish_window", "reporter_linger", "journal_socket", "log_file")
+_ADMISSION_LINES = dict(
+    zip(ADMISSION_KEYS, ("timeout", "finish", "linger", "journal", "logfile"), strict=True)
+)
 
 
 def routes_file(state_dir: str, config: str) -> str:
@@ -55,9 +71,11 @@ def render(
     runtimes: Mapping[str, str],
     pending_dir: str,
     debug: bool,
+    admission: Mapping[str, object],
 ) -> bytes | None:
     """The file's bytes, or None when the launcher could not hold or parse this routing."""
-    words = [config, runtime, pending_dir, *runtimes, *runtimes.values()]
+    values = {k: admission[k] for k in ADMISSION_KEYS}  # KeyError: a caller's bug, not a node's
+    words = [config, runtime, pending_dir, *(str(v) for v in values.values()), *runtimes, *runtimes.values()]
     if len(runtimes) > MAX_NAMES or any(not w or any(c in w for c in _FORBIDDEN) for w in words):
         return None
     lines = [
@@ -67,6 +85,7 @@ def render(
         f"runtime\t{runtime}",
         f"pending\t{pending_dir}",
         f"debug\t{1 if debug else 0}",
+        *(f"{_ADMISSION_LINES[k]}\t{value}" for k, value in values.items()),
         *(f"name\t{name}\t{target}" for name, target in sorted(runtimes.items())),
         "end",
     ]
@@ -75,24 +94,33 @@ def render(
 
 
 def last_good(state_dir: str, config: str) -> dict[str, object] | None:
-    """``runtime``/``runtimes`` of the last version of ``config`` that parsed, whatever its identity."""
+    """``runtime``/``runtimes`` of the last version of ``config`` that parsed, whatever its identity.
+
+    Any format version: a node upgraded with a broken file still routes by the copy the
+    earlier launcher's runc-guard wrote.
+    """
     blob = read_trusted(routes_file(state_dir, config), MAX_BYTES)
     if blob is None:
         return None
     lines = blob.decode("utf-8", "surrogateescape").split("\n")
-    if len(lines) < 8 or lines[0] != HEADER or lines[1] != f"config\t{config}" or lines[-2:] != ["end", ""]:
+    if lines[0] not in (HEADER, *OLD_HEADERS) or lines[1:2] != [f"config\t{config}"]:
         return None
-    runtime = lines[3].partition("\t")
-    if runtime[0] != "runtime" or not runtime[2]:
+    if lines[-2:] != ["end", ""]:
         return None
+    runtime = ""
     table: dict[str, str] = {}
-    for line in lines[6:-2]:
+    for line in lines[2:-2]:
         kind, _, rest = line.partition("\t")
-        name, _, target = rest.partition("\t")
-        if kind != "name" or not name or not target:
-            return None
-        table[name] = target
-    return {"runtime": runtime[2], "runtimes": table}
+        if kind == "runtime":
+            runtime = rest
+        elif kind == "name":
+            name, _, target = rest.partition("\t")
+            if not name or not target:
+                return None
+            table[name] = target
+    if not runtime:
+        return None
+    return {"runtime": runtime, "runtimes": table}
 
 
 def keep(state_dir: str, config: str, blob: bytes) -> None:

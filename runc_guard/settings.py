@@ -547,6 +547,9 @@ def _previous_last_good(cache: str, path: str) -> dict[str, object] | None:
     return {"runtime": runtime, "runtimes": dict(table)}
 
 
+_DEFAULTS = Settings()
+
+
 def _keep_routes(state: str, path: str, identity: tuple[int, ...], raw: Mapping[str, object]) -> None:
     """Write the launcher's routing cache from the file alone (RUNC_GUARD_* never goes in it:
     the launcher hands calls with routing variables to the Python entry)."""
@@ -560,6 +563,7 @@ def _keep_routes(state: str, path: str, identity: tuple[int, ...], raw: Mapping[
         own.get("runtimes", {}),  # type: ignore[arg-type]
         str(own.get("pending_dir", DEFAULT_PENDING_DIR)),
         own.get("log_level") == "debug",
+        {key: own.get(key, getattr(_DEFAULTS, key)) for key in routes.ADMISSION_KEYS},
     )
     if blob is not None:
         routes.keep(state, path, blob)

@@ -152,7 +152,10 @@ DISTRUST: dict[str, tuple[str, Callable[[str], None]]] = {
     "group-writable directory": ("dir", _chmod(0o770)),
     "other-writable directory": ("dir", _chmod(0o703)),
     "symlink": ("file", _symlink),
-    "other version": ("file", _rewrite(lambda d: d.replace(b"runc-guard-routes 1", b"runc-guard-routes 2"))),
+    "other version": ("file", _rewrite(lambda d: d.replace(b"runc-guard-routes 2", b"runc-guard-routes 3"))),
+    "earlier version": ("file", _rewrite(lambda d: d.replace(b"routes 2\n", b"routes 1\n"))),
+    "admission line missing": ("file", _rewrite(lambda d: d.replace(b"\nfinish\t0.0", b""))),
+    "admission value corrupt": ("file", _rewrite(lambda d: d.replace(b"\ntimeout\t4.0", b"\ntimeout\t-4"))),
     "truncated": ("file", _rewrite(lambda d: d[: d.rindex(b"end\n")])),
     "truncated mid-line": ("file", _rewrite(lambda d: d[:-2])),
     "corrupt": ("file", _rewrite(lambda d: d.replace(b"\ndebug\t0", b"\ndebug\t7"))),
@@ -411,6 +414,8 @@ def test_the_hand_over_names_the_invoked_name_and_the_launcher(tmp_path: os.Path
     from runc_guard.shim.entry import handed_over
 
     env = {"RUNC_GUARD_HANDOVER": "runc-guard-nvidia//usr/bin/runc-guard", "OTHER": "x"}
-    assert handed_over(env) == ("runc-guard-nvidia", "/usr/bin/runc-guard")  # type: ignore[arg-type]
+    assert handed_over(env) == ("runc-guard-nvidia", "/usr/bin/runc-guard", [])  # type: ignore[arg-type]
     assert env == {"OTHER": "x"}
-    assert handed_over(env) == (os.path.basename(sys.argv[0]), sys.argv[0])  # type: ignore[arg-type]
+    assert handed_over(env) == (os.path.basename(sys.argv[0]), sys.argv[0], [])  # type: ignore[arg-type]
+    env = {"RUNC_GUARD_HANDOVER": "runc-guard//usr/bin/runc-guard\nadmitted 5 1234 dead_shim"}
+    assert handed_over(env) == ("runc-guard", "/usr/bin/runc-guard", ["admitted", "5", "1234", "dead_shim"])  # type: ignore[arg-type]

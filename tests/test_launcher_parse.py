@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from runc_guard.delete.pending import record_path
 from runc_guard.shim import argv as argv_mod
 from tests.launcher import builds
 
@@ -60,9 +61,13 @@ def python_parse(args: list[bytes]) -> str:
     def hexed(value: str | None) -> str:
         return "-" if value is None else "x" + os.fsencode(value).hex()
 
+    # The admission's record name (launcher/admit.c record_name): only for printable-ASCII roots.
+    plain = all(" " <= c <= "~" for c in inv.root)
+    named = record_path("/", os.path.abspath(inv.root), inv.container_id or "") if plain else None
+    record = os.path.basename(named) if named and inv.is_delete else None
     return (
         f"subcommand={hexed(inv.subcommand)}\nid={hexed(inv.container_id)}\nforce={int(inv.force)}\n"
-        f"root={hexed(inv.root)}\ndelete={int(inv.is_delete)}\n"
+        f"root={hexed(inv.root)}\ndelete={int(inv.is_delete)}\nrecord={hexed(record)}\n"
     )
 
 
@@ -106,3 +111,13 @@ def test_generated_deletes(parse_only: str, flags: list[bytes], tail: list[bytes
     """Global flags in front of a delete: the case the launcher routes on."""
     words = [*flags, b"delete", *tail]
     assert c_parse(parse_only, words) == python_parse(words)
+
+
+def test_record_names_over_every_sha256_padding_length(parse_only: str) -> None:
+    """Roots of 1-200 bytes (one and two final blocks, the 55/56/64-byte edges) and odd shapes: the
+    C record name (abspath, normpath, SHA-256) equals pending.record_path's."""
+    roots = ["/" + "r" * n for n in range(200)] + ["//x/./y/../z/", "///x", "x/../../..", ".", "a//b/"]
+    for root in roots:
+        args = [b"--root", root.encode(), b"delete", b"c1"]
+        out = c_parse(parse_only, args)
+        assert "record=x" in out and out == python_parse(args), root

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 
 from runc_guard import routes
-from runc_guard.settings import load, state_dir
+from runc_guard.settings import Settings, load, state_dir
+
+ADMISSION = {key: getattr(Settings(), key) for key in routes.ADMISSION_KEYS}
 
 
 def env_for(tmp: str, text: str | None) -> dict[str, str]:
@@ -18,9 +20,12 @@ def env_for(tmp: str, text: str | None) -> dict[str, str]:
 
 def test_render_and_last_good_round_trip(tmp_path: os.PathLike[str]) -> None:
     """What render writes, last_good reads back (the identity is ignored there: it is the last *good* one)."""
-    blob = routes.render("/etc/c.toml", (1, 2, 3, 4, 5), "crun", {"runc-guard-nvidia": "nvidia"}, "/p", True)
+    table = {"runc-guard-nvidia": "nvidia"}
+    blob = routes.render("/etc/c.toml", (1, 2, 3, 4, 5), "crun", table, "/p", True, ADMISSION)
     assert blob is not None and blob.endswith(b"\nend\n")
     assert b"file\t1 2 3 4 5\n" in blob and b"debug\t1\n" in blob
+    assert b"\ndebug\t1\ntimeout\t4.0\nfinish\t" in blob
+    assert b"\nlogfile\t/var/log/runc-guard/events.jsonl\n" in blob
     routes.keep(str(tmp_path), "/etc/c.toml", blob)
     assert routes.last_good(str(tmp_path), "/etc/c.toml") == {
         "runtime": "crun", "runtimes": {"runc-guard-nvidia": "nvidia"},
@@ -31,9 +36,12 @@ def test_render_and_last_good_round_trip(tmp_path: os.PathLike[str]) -> None:
 def test_values_the_launcher_cannot_parse_are_not_cached() -> None:
     """A tab, newline or NUL in a value, or more names than the launcher holds: no cache, Python routes."""
     for runtime in ("a\tb", "a\nb", "a\0b", ""):
-        assert routes.render("/c", (1, 2, 3, 4, 5), runtime, {}, "/p", False) is None
+        assert routes.render("/c", (1, 2, 3, 4, 5), runtime, {}, "/p", False, ADMISSION) is None
+    for journal in ("/j\tx", "/j\nx", ""):
+        bad = {**ADMISSION, "journal_socket": journal}
+        assert routes.render("/c", (1, 2, 3, 4, 5), "runc", {}, "/p", False, bad) is None
     many = {f"n{i}": "r" for i in range(routes.MAX_NAMES + 1)}
-    assert routes.render("/c", (1, 2, 3, 4, 5), "runc", many, "/p", False) is None
+    assert routes.render("/c", (1, 2, 3, 4, 5), "runc", many, "/p", False, ADMISSION) is None
 
 
 def test_load_writes_the_cache_from_the_file_alone(tmp_path: os.PathLike[str]) -> None:

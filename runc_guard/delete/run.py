@@ -822,12 +822,13 @@ def run_delete(
     environ: Mapping[str, str],
     early_signals: Sequence[int] = (),
     origin: float | None = None,
+    caller: str | None = None,
 ) -> int:
     """The shim's delete path; the error boundary for everything after argv parsing.
 
-    ``origin``: when containerd's budget started, as the shim read it
-    (procinfo.deadline_origin); read here when the caller did not. Who the caller is
-    (procinfo.delete_caller) sets the budget.
+    ``origin``, ``caller``: when containerd's budget started and who runs this delete
+    (procinfo.delete_caller, whose role sets the budget), as the shim or the launcher
+    read them; read here when it did not.
 
     A settings problem never changes how the delete ends: valid keys apply,
     invalid ones keep their defaults (``settings.load``), and each problem is
@@ -836,9 +837,10 @@ def run_delete(
     """
     run: DeleteRun | None = None
     try:
-        caller, found = delete_caller()
-        started = origin if origin is not None else found
-        run = DeleteRun(invocation, args, runtime, settings, started=started, caller=caller)
+        if caller is None or origin is None:
+            caller, found = delete_caller()
+            origin = found if origin is None else origin
+        run = DeleteRun(invocation, args, runtime, settings, started=origin, caller=caller)
         for problem in settings.problems:
             if first_report(settings.cache_dir, settings.config_file, problem):
                 run.log.error("config_invalid", reason=problem)

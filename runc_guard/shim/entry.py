@@ -33,6 +33,8 @@ from runc_guard.shim import argv as argv_mod
 from runc_guard.shim.runtime import exec_runtime, resolve_runtime
 
 PROG = "runc-guard"
+#: procinfo's caller roles (not imported: procinfo loads with the delete path).
+CALLERS = ("dead_shim", "serving_shim", "unknown")
 
 
 def _journal(environ: os._Environ[str], event: str, message: str, priority: int) -> None:
@@ -164,26 +166,77 @@ def _routed_by_environment(settings: Settings, invoked_as: str, environ: os._Env
     return is_default_name(invoked_as) and bool(environ.get("RUNC_GUARD_RUNTIME"))
 
 
-def handed_over(environ: os._Environ[str]) -> tuple[str, str]:
-    """(invoked name, path of the binary containerd ran): the launcher's, else this script's.
+def handed_over(environ: os._Environ[str]) -> tuple[str, str, list[str]]:
+    """(invoked name, path of the binary containerd ran, what the launcher decided): the
+    launcher's, else this script's name and path and nothing decided.
 
-    The launcher puts ``RUNC_GUARD_HANDOVER=<name>/<its path>`` (a name has no ``/``)
-    first in the environment, and os.environ keeps the first of two equal names, so a
-    caller's own variable of that name cannot stand in for it. It is dropped here and
-    from the runtime's environment (runtime.inherited_environment).
+    The launcher puts ``RUNC_GUARD_HANDOVER=<name>/<its path>[\n<decision>]`` (a name has
+    no ``/``) first in the environment, and os.environ keeps the first of two equal names,
+    so a caller's own variable of that name cannot stand in for it. It is dropped here and
+    from the runtime's environment (runtime.inherited_environment). A decision is
+    ``admitted <slot fd> <origin ns> <caller>`` (launcher/admit.c admitted the delete) or
+    ``helper`` (it started a detached reporter or finisher through this entry).
     """
     handover = environ.pop("RUNC_GUARD_HANDOVER", None)
     if handover is not None:
-        name, sep, path = handover.partition("/")  # a name has no "/"; the path is the rest
+        head, newline, decision = handover.rpartition("\n")
+        if not newline:
+            head, decision = handover, ""
+        name, sep, path = head.partition("/")  # a name has no "/"; the path is the rest
         if sep and path:
-            return name, path
-    return os.path.basename(sys.argv[0]), sys.argv[0]
+            return name, path, decision.split()
+    return os.path.basename(sys.argv[0]), sys.argv[0], []
+
+
+def _admitted(decision: list[str]) -> tuple[int, float, str] | None:
+    """(slot fd or -1, origin on time.monotonic(), caller) of a delete the launcher admitted.
+
+    A decision this entry cannot read (another version's launcher) lets go of the slot it
+    names, so that the runtime never inherits it; the entry then admits the delete itself.
+    """
+    if not decision or decision[0] != "admitted":
+        return None
+    slot = int(decision[1]) if len(decision) > 1 and decision[1].isdigit() else -1
+    if slot in (0, 1, 2):
+        return None  # stdio is never a slot
+    if len(decision) == 4 and decision[2].isdigit() and decision[3] in CALLERS:
+        return slot, int(decision[2]) / 1e9, decision[3]
+    _close(slot)
+    return None
+
+
+def _helper(args: list[str]) -> int:
+    """A detached helper the launcher started through this entry (its lock on fd 3)."""
+    import _signal  # type: ignore[import-not-found]
+
+    for signum in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):  # not the runtime's: stoppable
+        _signal.signal(signum, _signal.SIG_DFL)
+    if args == ["finisher"]:
+        from runc_guard.node.finisher import finisher_main
+
+        finisher_main(3)
+        return 0
+    if len(args) == 3 and args[0] == "reporter":
+        from runc_guard.logs import reporter_main
+
+        reporter_main(args[1], float(args[2]), 3)
+        return 0
+    sys.stderr.write(f"{PROG}: unknown helper {args!r}\n")
+    return EXIT_CONFIG
+
+
+def _close(fd: int) -> None:
+    if fd >= 0:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _reraise(noted: list[int]) -> None:
     """A signal that came while we started: die of it as the runtime would have, before exec."""
     if noted:
-        import _signal  # type: ignore[import-not-found]
+        import _signal
 
         _signal.signal(noted[0], _signal.SIG_DFL)
         os.kill(os.getpid(), noted[0])
@@ -198,7 +251,10 @@ def main(noted: list[int] | None = None) -> int:
     noted = [] if noted is None else noted
     environ = os.environ
     args = sys.argv[1:]
-    invoked_as, self_path = handed_over(environ)
+    invoked_as, self_path, decision = handed_over(environ)
+    if decision == ["helper"]:
+        return _helper(args)
+    admitted = _admitted(decision)
     invocation = argv_mod.parse(args)
     settings = load(environ)
     problem = settings.routing_problem
@@ -218,8 +274,12 @@ def main(noted: list[int] | None = None) -> int:
         runtime = resolve_runtime(settings.runtime_for(invoked_as), self_path, environ)
     except RuncGuardError as exc:
         return _fail(str(exc), exc.exit_code, environ)
-    slot = origin = None
-    if invocation.is_delete and _known_to_anyone(invocation, settings):
+    slot = origin = caller = None
+    if admitted is not None and not invocation.is_delete:
+        _close(admitted[0])  # not this call's (the launcher parses as argv.py does): never the runtime's
+    elif admitted is not None:
+        slot, origin, caller = admitted  # the launcher's start-up admission (launcher/admit.c)
+    elif invocation.is_delete and _known_to_anyone(invocation, settings):
         from runc_guard.procinfo import deadline_origin
 
         # Read once (the parent's /proc entries): the slot wait and the delete's deadline share it.
@@ -235,7 +295,7 @@ def main(noted: list[int] | None = None) -> int:
         if slot >= 0:
             os.close(slot)  # loaded: the CPU-heavy part is over, let the next delete load
 
-        status = run_delete(invocation, args, runtime, settings, environ, noted, origin)
+        status = run_delete(invocation, args, runtime, settings, environ, noted, origin, caller)
         # Everything is written and closed by now; tearing down the ~300 modules the
         # delete path loaded would only delay containerd's shim by ~12 ms.
         sys.stderr.flush()

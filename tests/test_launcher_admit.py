@@ -1,0 +1,291 @@
+"""The launcher's start-up admission of a known container's delete (launcher/admit.c), through
+the real binary: what it hands to the Python entry, what a step-aside writes, and that it
+decides as the Python entry's admission (shim/entry.py _startup_slot) would."""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import fcntl
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from runc_guard.delete.aside import read_aside
+from runc_guard.delete.pending import record_path
+from runc_guard.shim.startup import slots
+from tests.launcher import builds
+
+STRACE = shutil.which("strace")
+
+
+@pytest.fixture(scope="module")
+def tracer(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return builds.tracer(str(tmp_path_factory.mktemp("tracer")))
+
+
+class Node:
+    """A settings *file* with everything the admission reads (as a node's /etc/runc-guard has it),
+    a runtime root with one known container (c1) and a tracer runtime."""
+
+    def __init__(self, tmp: str, launcher: str, tracer: str) -> None:
+        self.tmp, self.launcher = tmp, launcher
+        self.config = os.path.join(tmp, "config.toml")
+        self.cache = os.path.join(tmp, "cache")
+        self.root = os.path.join(tmp, "runc-root")
+        self.events = os.path.join(tmp, "events.jsonl")
+        self.runtime = os.path.join(tmp, "runtime-a")
+        self.trace = os.path.join(tmp, "trace")
+        shutil.copy2(tracer, self.runtime)
+        self.known("c1")
+        self.settings()
+
+    def known(self, container_id: str, root: str | None = None) -> None:
+        directory = os.path.join(root or self.root, container_id)
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "state.json"), "w") as f:
+            f.write("{}")
+
+    def settings(self, extra: str = "", delete_timeout: float = 1.0, finish_window: float = 0.0) -> None:
+        with open(self.config, "w") as f:
+            f.write(
+                f'runtime = "{self.runtime}"\npending_dir = "{self.tmp}/pending"\n'
+                f'journal_socket = "{self.tmp}/no-journald"\nlog_file = "{self.events}"\n'
+                f'stats_file = "{self.tmp}/stats.jsonl"\nreporter_linger = 0.0\n'
+                f"delete_timeout = {delete_timeout}\nfinish_window = {finish_window}\n{extra}"
+            )
+        self.call(["state", "c1"])  # the Python entry writes the routing cache for this version
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {"PATH": os.environ["PATH"], "RUNC_GUARD_CONFIG": self.config,
+                "RUNC_GUARD_CACHE_DIR": self.cache, "TRACE_TO": self.trace, **extra}
+
+    def call(self, args: list[str], parent: list[str] | None = None, cwd: str | None = None, lag: float = 0.0,
+             **extra: str) -> tuple[int, dict[str, list[list[str]]]]:
+        """(exit status, {"main": argvs exec'd by the called process after the first, "helpers": argvs
+        exec'd by its children}); ``parent``: run it from a process with that command line, ``lag`` s after
+        that process started (a shim that waited for a CPU)."""
+        assert STRACE, "strace is an apt dependency of the tests (make deps)"
+        log = os.path.join(self.tmp, "strace", "log")
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+        env, command = self.env(**extra), [self.launcher, *args]
+        if parent is not None:  # bash under the shim's name; the launcher runs as its child (not exec'd)
+            env.update(RG_LAG=str(lag), RG_COMMAND=shlex.join(command))
+            script = 'sleep "$RG_LAG"; eval "$RG_COMMAND"; exit $?'
+            command = ["bash", "-c", f'exec -a "$0" bash -c {shlex.quote(script)} "$@"', *parent]
+        traced = [STRACE, "-ff", "-qq", "-s", "256", "-e", "trace=execve", "-e", "signal=none", "-o", log,
+                  *command]
+        proc = subprocess.run(traced, env=env, capture_output=True, text=True, timeout=60, check=False,
+                              cwd=cwd)
+        execs: dict[int, list[list[str]]] = {}
+        for name in os.listdir(os.path.dirname(log)):  # -ff: one file per process, never interleaved
+            path = os.path.join(os.path.dirname(log), name)
+            with open(path) as f:
+                argvs = [_strace_argv(line) for line in f if line.startswith("execve(") and "= 0" in line]
+            os.unlink(path)
+            execs[int(name.rpartition(".")[2])] = [[os.path.basename(a[0]), *a[1:]] for a in argvs]
+        first = min(pid for pid, argvs in execs.items() if argvs and argvs[0][0] == "runc-guard")
+        main = execs.pop(first)[1:]
+        execs = {pid: argvs for pid, argvs in execs.items() if pid > first}  # its helpers, not the shim
+        return proc.returncode, {"main": main, "helpers": [a for argvs in execs.values() for a in argvs]}
+
+    def delete(self, container_id: str = "c1", **kw: object) -> tuple[int, dict[str, list[list[str]]]]:
+        return self.call(["--root", self.root, "delete", "--force", container_id], **kw)  # type: ignore[arg-type]
+
+    @contextlib.contextmanager
+    def slots_taken(self) -> Iterator[None]:
+        """Every start-up slot held, as by deletes loading at once."""
+        directory = os.path.join(self.cache, "startup")
+        os.makedirs(directory, exist_ok=True)
+        fds = [os.open(os.path.join(directory, f"slot-{i}"), os.O_RDWR | os.O_CREAT, 0o600)
+               for i in range(slots())]
+        try:
+            for fd in fds:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def aside(self, container_id: str = "c1", root: str | None = None) -> dict[str, object] | None:
+        return read_aside(record_path(os.path.join(self.cache, "aside"), root or self.root, container_id))
+
+    def entries(self, event: str, timeout: float = 20.0) -> list[dict[str, object]]:
+        """The reporter's entries of ``event`` in the log file (journald absent), waited for."""
+        until = time.monotonic() + timeout
+        while True:
+            found = []
+            if os.path.exists(self.events):
+                with open(self.events) as f:
+                    found = [e for e in map(json.loads, f) if e.get("event") == event]
+            if found or time.monotonic() > until:
+                return found
+            time.sleep(0.1)
+
+
+def _strace_argv(line: str) -> list[str]:
+    """The argv array of one strace ``execve("p", ["a", "b"...], ...)`` line (strings may hold ``]``)."""
+    words, i = [], line.index("[") + 1
+    while line[i] != "]":
+        if line[i] == '"':
+            end = i + 1
+            while line[end] != '"':
+                end += 2 if line[end] == "\\" else 1
+            words.append(codecs.escape_decode(line[i + 1:end].encode())[0].decode("utf-8", "surrogateescape"))
+            i = end + 1
+        else:
+            i += 1
+    return words
+
+
+@pytest.fixture
+def node(tmp_path: os.PathLike[str], shim_binary: str, tracer: str) -> Iterator[Node]:
+    yield Node(str(tmp_path), shim_binary, tracer)
+    _wait_for_helpers(str(tmp_path))
+
+
+def _wait_for_helpers(tmp: str) -> None:
+    """The helpers a test's deletes started exit on their own (linger 0); wait for their locks."""
+    for lock in ("cache/spool/.reporter.lock", "cache/finisher.lock"):
+        path = os.path.join(tmp, lock)
+        if not os.path.exists(path):
+            continue
+        fd = os.open(path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # the helper lets go as it exits
+        finally:
+            os.close(fd)
+
+
+PY = "runc-guard.py"
+
+
+def test_an_admitted_delete_loads_the_delete_path_with_the_slot_handed_over(node: Node) -> None:
+    status, execs = node.delete()
+    assert status == 0
+    assert [a[0] for a in execs["main"]] == [PY]  # the delete path then runs the runtime in a child
+    assert ["runtime-a", "--root", node.root, "delete", "--force", "c1"] in execs["helpers"]
+    with open(node.trace) as f:
+        fds = [line.split()[2] for line in f if line.startswith("fd ")]
+    assert not any("startup" in target for target in fds), fds  # the slot never reaches the runtime
+    assert node.aside() is None
+    assert node.entries("delete", timeout=10)[0]["outcome"] == "no_state"
+
+
+def test_all_slots_taken_steps_aside_in_c(node: Node) -> None:
+    """No interpreter in the call: the runtime alone, the aside record and the entry written, a reporter."""
+    with node.slots_taken():
+        status, execs = node.delete()
+    assert status == 0
+    assert execs["main"] == [["runtime-a", "--root", node.root, "delete", "--force", "c1"]]
+    assert [a[:2] for a in execs["helpers"]] == [[PY, "reporter"]]  # no finisher: finish_window 0
+    record = node.aside()
+    assert record is not None
+    assert (record["kind"], record["runtime"], record["cgroup_paths"]) == ("overload", node.runtime, [])
+    assert str(record["reason"]).startswith(f"{slots()} deletes were already loading at once; after ")
+    [entry] = node.entries("startup_overloaded")
+    assert (entry["container_id"], entry["runtime_root"]) == ("c1", node.root)
+    assert entry["reason"] == record["reason"]
+
+
+def test_a_finish_window_starts_the_finisher_unless_one_runs(node: Node) -> None:
+    """With a finish window the step-aside starts the finisher, unless one holds its lock already:
+    one finisher serves every stepped-aside delete of a storm."""
+    node.settings(finish_window=30.0)
+    node.known("c2")
+    lock = os.open(os.path.join(node.cache, "finisher.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as a running finisher holds it
+        with node.slots_taken():
+            held = node.delete("c1")[1]
+    finally:
+        os.close(lock)
+    with node.slots_taken():
+        free = node.delete("c2")[1]
+    assert [a[1] for a in held["helpers"] if a[1] == "finisher"] == []
+    assert [a[1] for a in free["helpers"] if a[1] == "finisher"] == ["finisher"]
+    assert node.aside("c1") is not None  # the record waits for the finisher that runs
+
+
+def test_too_little_budget_left_steps_aside_at_once(node: Node) -> None:
+    """A dead-shim cleanup that waited 0.8 s of a 1 s budget for a CPU: no slot wait, no interpreter."""
+    shim = ["containerd-shim-runc-v2", "-namespace", "k8s.io", "-id", "c1", "-address", "/x", "delete"]
+    node.settings(delete_timeout=1.0)
+    status, execs = node.call(["--root", node.root, "delete", "--force", "c1"], parent=shim, lag=0.8)
+    assert status == 0
+    assert [a[0] for a in execs["main"]] == ["runtime-a"]
+    record = node.aside()
+    assert record is not None and "old when runc-guard started" in str(record["reason"]), record
+    # The same shim without the lag: admitted, the delete path loads.
+    status, execs = node.call(["--root", node.root, "delete", "--force", "c1"], parent=shim)
+    assert status == 0 and [a[0] for a in execs["main"]] == [PY]
+
+
+@pytest.mark.parametrize("variable", ["RUNC_GUARD_DELETE_TIMEOUT", "RUNC_GUARD_FINISH_WINDOW",
+                                      "RUNC_GUARD_REPORTER_LINGER", "RUNC_GUARD_LOG_FILE",
+                                      "RUNC_GUARD_JOURNAL_SOCKET", "RUNC_GUARD_LOG_LEVEL"])
+def test_a_variable_the_admission_reads_leaves_it_to_python(node: Node, variable: str) -> None:
+    """settings.py lets the variable win over the file; the launcher never parses it: the Python entry
+    admits (and, with every slot taken, steps aside itself)."""
+    value = {"RUNC_GUARD_LOG_LEVEL": "info", "RUNC_GUARD_LOG_FILE": node.events,
+             "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(node.tmp, "no-journald")}.get(variable, "0.5")
+    with node.slots_taken():
+        status, execs = node.delete(**{variable: value})
+    assert status == 0
+    assert [a[0] for a in execs["main"]] == [PY, "runtime-a"]
+    assert node.aside() is not None
+
+
+def test_what_c_cannot_write_exactly_goes_to_python(node: Node) -> None:
+    """A root that is not printable ASCII; an aside directory crowded enough that the writer prunes."""
+    odd = os.path.join(node.tmp, "r\u00e9-root")
+    node.known("c1", root=odd)
+    with node.slots_taken():
+        status, execs = node.call(["--root", odd, "delete", "--force", "c1"])
+    assert status == 0 and [a[0] for a in execs["main"]] == [PY, "runtime-a"]
+    assert node.aside(root=odd) is not None  # the Python entry stepped aside and wrote it
+    aside = os.path.join(node.cache, "aside")
+    for i in range(2500):
+        with open(os.path.join(aside, f"x{i:04d}-{'y' * 40}@000000000000.json"), "w"):
+            pass
+    with node.slots_taken():
+        assert [a[0] for a in node.delete()[1]["main"]] == [PY, "runtime-a"]
+    assert len(os.listdir(aside)) <= 2001  # the Python writer pruned (delete.bounds)
+
+
+@pytest.mark.parametrize("root", ["relative-root", "./x/../relative-root/", "/{tmp}//a/./b/..", "//{tmp}/c/"])
+def test_the_record_is_named_as_the_python_side_names_it(node: Node, root: str) -> None:
+    """abspath + normpath (two leading slashes stay two) + SHA-256 in C: the record lands where
+    pending.record_path puts it, naming the root as os.path.abspath does."""
+    root = root.format(tmp=node.tmp.lstrip("/"))
+    os.makedirs(os.path.join(node.tmp, "x"), exist_ok=True)
+    absolute = os.path.abspath(os.path.join(node.tmp, root))
+    node.known("c1", root=absolute)
+    os.makedirs(os.path.join(node.tmp, "a", "b"), exist_ok=True)
+    with node.slots_taken():
+        status, execs = node.call(["--root", root, "delete", "--force", "c1"], cwd=node.tmp)
+    assert status == 0 and [a[0] for a in execs["main"]] == ["runtime-a"]
+    record = node.aside(root=absolute)
+    assert record is not None and record["runtime_root"] == absolute
+
+
+def test_c_and_python_step_aside_alike(node: Node) -> None:
+    """The same stepped-aside delete through the launcher's admission and the Python entry's."""
+    found = []
+    for extra in ({}, {"RUNC_GUARD_DELETE_TIMEOUT": "1.0"}):
+        with node.slots_taken():
+            node.delete(**extra)
+        record = node.aside()
+        assert record is not None
+        os.unlink(record_path(os.path.join(node.cache, "aside"), node.root, "c1"))
+        [entry] = node.entries("startup_overloaded")
+        os.unlink(node.events)
+        found.append(({k: v for k, v in record.items() if k not in ("created", "reason")},
+                      sorted(entry), str(record["reason"]).split(";")[0].split(" after ")[0]))
+    assert found[0] == found[1]
