@@ -589,7 +589,9 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     # The node's reporter linger (the labs use 0 so that tests see each entry at once).
-    overrides = {"RUNC_GUARD_REPORTER_LINGER": str(Settings().reporter_linger)}
+    # The shipped finish window too (the labs turn the finisher off).
+    overrides = {"RUNC_GUARD_REPORTER_LINGER": str(Settings().reporter_linger),
+                 "RUNC_GUARD_FINISH_WINDOW": str(Settings().finish_window)}
     if args.finish_window is not None:
         overrides["RUNC_GUARD_FINISH_WINDOW"] = args.finish_window
     workdir = args.workdir or tempfile.mkdtemp(prefix="rgloop-")

@@ -245,7 +245,9 @@ def main() -> int:
     try:
         # The node's reporter linger (the labs use 0 so that tests see each entry at once):
         # in a storm one reporter then serves every delete, as on a node.
-        node = {"RUNC_GUARD_REPORTER_LINGER": str(Settings().reporter_linger)}
+        # So is the finish window (the labs turn the finisher off): the shipped default unless given.
+        node = {"RUNC_GUARD_REPORTER_LINGER": str(Settings().reporter_linger),
+                "RUNC_GUARD_FINISH_WINDOW": str(Settings().finish_window)}
         if args.finish_window is not None:
             node["RUNC_GUARD_FINISH_WINDOW"] = args.finish_window
         with cl.guarded_containerd(workdir, build=build, runc=runc, **node) as lab, \

@@ -33,9 +33,9 @@ The same lab runs containerd 2.2.2 from ``labkit.runtimes`` (the setting
   ``Containerd.ctr`` always runs the build's own ``ctr``. Both versions' shims keep
   runc state under ``/run/containerd/runc/<ns>/<id>``: inside the lab's private
   ``/run`` (``Containerd.runc_state(ns, id)`` gives the host-visible path).
-- ``runc`` (a path) is the runtime runc-guard fronts: it is put in containerd's
-  environment as ``RUNC_GUARD_RUNTIME`` (``runc_guard.shim.runtime.runtime_name_for``
-  reads it; the shim and runc-guard inherit containerd's environment). The same
+- ``runc`` (a path) is the runtime runc-guard fronts: ``RUNC_GUARD_RUNTIME`` of the
+  lab's settings, which ``running_containerd`` writes into the settings file with the
+  others (``settings_into_file``): the launcher routes and admits by the file, as on a node. The same
   path given to ``run_task``/``path_b_crash``/``path_a`` as ``binary`` is the stock
   control (``ctr run --runc-binary``).
 - ``running_containerd(..., build=..., config=...)`` also takes a ready-made
@@ -212,9 +212,67 @@ def guard_settings(workdir: str, **overrides: str) -> dict[str, str]:
         "RUNC_GUARD_STATS_FILE": os.path.join(workdir, "rg-deletes.jsonl"),
         "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(workdir, "no-journald.socket"),
         "RUNC_GUARD_REPORTER_LINGER": "0",
+        # On by default (60 s); off in a lab unless its test is about the finisher (a
+        # detached finisher would outlive the lab); the storm bench runs the shipped default.
+        "RUNC_GUARD_FINISH_WINDOW": "0",
     }
     settings.update(overrides)
     return settings
+
+
+#: Where the settings file's values come from on a node; only these stay in containerd's environment.
+_ENV_ONLY = ("RUNC_GUARD_CONFIG", "RUNC_GUARD_CACHE_DIR", "RUNC_GUARD_STATE_DIR", "RUNC_GUARD_RUNTIMES")
+
+
+_LAB_BEGIN = "# the lab's settings (labkit.containerd.settings_into_file)\n"
+_LAB_END = "# end of the lab's settings\n"
+
+
+def settings_into_file(settings: dict[str, str]) -> dict[str, str]:
+    """Put the lab's RUNC_GUARD_* settings into its settings file, as a node has them; what stays
+    in containerd's environment.
+
+    On a node the settings are /etc/runc-guard/config.toml, and the launcher routes and
+    admits a delete by the file alone (a RUNC_GUARD_* variable that routes or that the
+    admission reads sends the call to the Python entry). So a lab runs the front door a
+    node runs: each valid value goes to the top of the file (before any table the lab or
+    ``runc-guardctl configure`` wrote), typed as settings.py reads it. A value settings.py
+    refuses stays a variable, so that a test of that refusal still sees it.
+    """
+    from runc_guard.settings import _validated
+
+    config = settings.get("RUNC_GUARD_CONFIG")
+    if not config:
+        return dict(settings)
+    movable = {k: v for k, v in settings.items() if k.startswith("RUNC_GUARD_") and k not in _ENV_ONLY}
+    values, problems = _validated({}, movable, config)
+    refused = {f"RUNC_GUARD_{key.upper()}" for key, _message in problems}
+    lines = []
+    for key, value in values.items():
+        if f"RUNC_GUARD_{key.upper()}" in refused:
+            continue
+        if isinstance(value, bool):
+            lines.append(f"{key} = {'true' if value else 'false'}")
+        elif isinstance(value, (int, float)):
+            lines.append(f"{key} = {float(value)!r}")
+        elif isinstance(value, str):
+            lines.append(f"{key} = {json.dumps(value)}")
+        elif isinstance(value, tuple):
+            lines.append(f"{key} = {json.dumps(list(value))}")
+        else:
+            refused.add(f"RUNC_GUARD_{key.upper()}")
+    try:
+        with open(config) as f:
+            rest = f.read()
+    except FileNotFoundError:
+        rest = ""
+    if rest.startswith(_LAB_BEGIN):  # a restart of the same lab: replace the block, never repeat a key
+        rest = rest.partition(_LAB_END)[2]
+    with open(config + ".tmp", "w") as f:
+        f.write(_LAB_BEGIN + "".join(line + "\n" for line in lines) + _LAB_END + rest)
+    os.replace(config + ".tmp", config)
+    moved = {f"RUNC_GUARD_{key.upper()}" for key in values} - refused
+    return {k: v for k, v in settings.items() if k not in moved}
 
 
 def make_rootfs(directory: str) -> str:
@@ -387,7 +445,7 @@ def running_containerd(
     env = dict(os.environ)
     # containerd 2.x looks its shim up on PATH: the build's own shim must win.
     env["PATH"] = f"{build.bin_dir}:{SBIN_PATH}" if build.bin_dir else SBIN_PATH
-    env.update(settings)
+    env.update(settings_into_file(settings))
     log_path = os.path.join(workdir, "containerd.log")
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(

@@ -108,6 +108,9 @@ def guard_env(workdir: str, **overrides: str) -> dict[str, str]:
         RUNC_GUARD_JOURNAL_SOCKET=os.path.join(workdir, "no-journald.socket"),
         # the reporter exits as soon as the spool is empty: a test waits for it (wait_reported)
         RUNC_GUARD_REPORTER_LINGER="0",
+        # the finisher is on by default (60 s): a test about something else keeps it off, since a
+        # detached finisher would outlive the test; the finisher's own tests turn it on
+        RUNC_GUARD_FINISH_WINDOW="0",
     )
     env.update(overrides)
     return env

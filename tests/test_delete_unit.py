@@ -522,6 +522,8 @@ def wired(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     monkeypatch.setattr(delete_mod, "delete_caller", lambda: ("unknown", None))
     # the reporter, without the fork: this is pytest's process (the fork is proven on the kernel)
     monkeypatch.setattr(report_mod, "detach_reporter", lambda d, _linger: drain_spool(d, linger=0))
+    # ... and no detached finisher from pytest's process (on by default; its own tests start it)
+    monkeypatch.setattr(delete_mod, "detach_finisher", lambda _cache_dir: 0)
     config = os.path.join(lab.tmp, "config.toml")
     with open(config, "w") as f:
         f.write("delete_timout = 5\n")

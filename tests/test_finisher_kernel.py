@@ -56,7 +56,7 @@ def test_a_cut_short_delete_is_finished_after_the_reply(shim_binary: str, workdi
 
     with container_with_hold(workdir, children=3, held=2) as (ctr, hold):
         os.kill(ctr.init_pid(), signal.SIGKILL)
-        # The finisher is opt-in (settings.DEFAULT_FINISH_WINDOW). Its window outlasts HOLD_MAX: a
+        # The labs keep the finisher off (labkit.scenario.guard_env). Its window outlasts HOLD_MAX: a
         # suite running beside this test has containerd dead-shim cleanups of its own, and the
         # finisher rightly lets those go first, for up to 30 s.
         env = guard_env(workdir, RUNC_GUARD_RUNTIME=RUNC, RUNC_GUARD_DELETE_TIMEOUT="1",
