@@ -26,6 +26,12 @@ from labkit.kernel import RuncContainer
 #: The passthrough commands, plus the delete of a container nobody knows: containerd 1.6
 #: sends one after every normal task delete, and the launcher execs the runtime for it.
 COMMANDS = {**PASSTHROUGH, "delete (unknown id)": lambda c: ["--root", c.root, "delete", "--force", "gone"]}
+#: A known container's delete that steps aside at start-up (a crash storm's common case): the id
+#: has a state directory whose state.json runc refuses (exit 1), so every round is the same call;
+#: ``delete_timeout = 0`` leaves no budget, so both front doors step aside at once, without the
+#: slot wait (which sleeps), and pay only the record, the spool entry and the runtime.
+ASIDE = "delete (stepped aside)"
+ASIDE_ID = "rgbench-aside"
 
 
 def measure(candidates: dict[str, Sequence[str]], rounds: int, env: dict[str, str]) -> dict[str, list]:
@@ -44,6 +50,24 @@ def measure(candidates: dict[str, Sequence[str]], rounds: int, env: dict[str, st
     return samples
 
 
+def aside_settings(workdir: str, runc: str, env: dict[str, str]) -> dict[str, str]:
+    """A settings file of its own for the stepped-aside delete: no budget, every path in ``workdir``,
+    no finisher (it would re-run the refused delete in the background, beside the rounds)."""
+    config = os.path.join(workdir, "aside.toml")
+    with open(config, "w") as f:
+        f.write(f'runtime = "{runc}"\ndelete_timeout = 0.0\nfinish_window = 0.0\n'
+                f'log_file = "{workdir}/aside-events.jsonl"\njournal_socket = "{workdir}/no-journald"\n'
+                f'pending_dir = "{workdir}/aside-pending"\nstats_file = "{workdir}/aside-stats.jsonl"\n')
+    return {**env, "RUNC_GUARD_CONFIG": config, "RUNC_GUARD_CACHE_DIR": os.path.join(workdir, "aside-cache")}
+
+
+def aside_call(ctr: RuncContainer) -> list[str]:
+    os.makedirs(os.path.join(ctr.root, ASIDE_ID), exist_ok=True)
+    with open(os.path.join(ctr.root, ASIDE_ID, "state.json"), "w") as f:
+        f.write("{}")
+    return ["--root", ctr.root, "delete", "--force", ASIDE_ID]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=100)
@@ -60,12 +84,13 @@ def main() -> int:
             env.pop(key, None)
         with open(env["RUNC_GUARD_CONFIG"], "w") as f:
             f.write(f'runtime = "{runc}"\n')
+        aside_env = aside_settings(workdir, runc, env)
         ctr = RuncContainer.start(workdir, children=1)
         try:
-            for name in args.commands.split(","):
-                tail = COMMANDS[name](ctr)
+            for name in [*args.commands.split(","), ASIDE]:
+                tail = COMMANDS[name](ctr) if name != ASIDE else aside_call(ctr)
                 got = measure({"runc": [runc, *tail], "launcher": [launcher, *tail],
-                               "python": [entry, *tail]}, args.rounds, env)
+                               "python": [entry, *tail]}, args.rounds, env if name != ASIDE else aside_env)
                 cpu = {k: statistics.median(m.cpu for m in v) * 1000 for k, v in got.items()}
                 wall = {k: statistics.median(m.elapsed for m in v) * 1000 for k, v in got.items()}
                 rows.append((name, cpu["runc"], cpu["launcher"], cpu["python"], cpu["launcher"] - cpu["runc"],

@@ -388,6 +388,42 @@ def test_guard_reports_before_containerds_kill_and_the_retry_finishes(
         sl.remove_task(task)
 
 
+def test_the_finisher_heals_a_6s_teardown_without_a_sweep(
+    machine: sl.Machine, ns: str, summary: list[str]
+) -> None:
+    """Teardown 6 s through runc-guard fronting runc 1.3.4, shipped defaults (the finisher on),
+    no retry and no sweep: within 60 s of the last process's death nothing is left.
+
+    The delete replies at its deadline with its record kept (the test above); the finisher it
+    detached waits until the cgroups are empty and no dead-shim cleanup runs, then re-runs the
+    runtime's delete for the kept state and removes the rest: 0 dirs, the scope collected (never
+    ``failed``), no runc state, no record, the delete's second entry ``finished_late``.
+    """
+    guard = needs("guard-1.3.4")
+    records_before = set(sl.pending_records(machine))
+    crash = sl.path_b(machine, ns, guard, delay=6.0)
+    task = crash.task
+    try:
+        released = time.monotonic()  # path_b returns once the held children are gone
+
+        def healed() -> bool:
+            return (not task.host_dirs() and not os.path.exists(task.runc_state())
+                    and set(sl.pending_records(machine)) == records_before)
+
+        done = wait_for(healed, 60, 0.5)
+        took = time.monotonic() - released
+        unit = task.unit_state()
+        outcomes = [s["outcome"] for s in sl.guard_stats(machine, task.id)]
+        summary.append(f"guard-1.3.4  6 s teardown, finisher: healed={done} after {took:.1f} s,"
+                       f" unit {unit.get('LoadState')}/{unit.get('ActiveState', '-')}, outcomes {outcomes}")
+        assert not [e for e in crash.containerd_errors if "signal: killed" in e]
+        assert done, (task.host_dirs(), os.path.exists(task.runc_state()), sl.pending_records(machine))
+        assert unit["LoadState"] == "not-found", unit
+        assert outcomes == ["deadline", "finished_late"], outcomes
+    finally:
+        sl.remove_task(task)
+
+
 def test_guard_leaves_a_private_pid_scope_as_stock_does(
     machine: sl.Machine, ns: str, summary: list[str]
 ) -> None:

@@ -4,6 +4,7 @@ that the runtime starts exactly as it would alone (through a tracer runtime)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -154,7 +155,7 @@ DISTRUST: dict[str, tuple[str, Callable[[str], None]]] = {
     "symlink": ("file", _symlink),
     "other version": ("file", _rewrite(lambda d: d.replace(b"runc-guard-routes 2", b"runc-guard-routes 3"))),
     "earlier version": ("file", _rewrite(lambda d: d.replace(b"routes 2\n", b"routes 1\n"))),
-    "admission line missing": ("file", _rewrite(lambda d: d.replace(b"\nfinish\t0.0", b""))),
+    "admission line missing": ("file", _rewrite(lambda d: re.sub(rb"\nfinish\t[^\n]*", b"", d))),
     "admission value corrupt": ("file", _rewrite(lambda d: d.replace(b"\ntimeout\t4.0", b"\ntimeout\t-4"))),
     "truncated": ("file", _rewrite(lambda d: d[: d.rindex(b"end\n")])),
     "truncated mid-line": ("file", _rewrite(lambda d: d[:-2])),

@@ -146,6 +146,23 @@ def detach_finisher(cache_dir: str) -> int:
     return spawn_detached(_FINISHER, [], lock)
 
 
+def exec_helper(args: list[str]) -> int:
+    """Become the helper the launcher started through the Python entry (launcher/admit.c), its lock
+    on fd 3: ``["finisher"]`` or ``["reporter", <spool>, <linger>]``. The same fresh interpreter
+    and program as :func:`spawn_detached` starts; returns only when ``args`` name no helper (exit 78)."""
+    import sys
+
+    import runc_guard
+
+    programs = {("finisher", 1): _FINISHER, ("reporter", 3): _REPORTER}
+    program = programs.get((args[0], len(args))) if args else None
+    if program is None or not sys.executable:
+        sys.stderr.write(f"runc-guard: not a helper: {args!r}\n")
+        return 78
+    root = os.path.dirname(os.path.dirname(os.path.abspath(runc_guard.__file__)))
+    os.execv(sys.executable, [sys.executable, "-I", "-c", program, root, *args[1:]])
+
+
 def deliver(log: EventLog, settings: Settings, directory: str) -> None:
     """Spool this delete's entries and leave the sending to a detached reporter.
 

@@ -211,18 +211,9 @@ def _helper(args: list[str]) -> int:
 
     for signum in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):  # not the runtime's: stoppable
         _signal.signal(signum, _signal.SIG_DFL)
-    if args == ["finisher"]:
-        from runc_guard.node.finisher import finisher_main
+    from runc_guard.delete.report import exec_helper
 
-        finisher_main(3)
-        return 0
-    if len(args) == 3 and args[0] == "reporter":
-        from runc_guard.logs import reporter_main
-
-        reporter_main(args[1], float(args[2]), 3)
-        return 0
-    sys.stderr.write(f"{PROG}: unknown helper {args!r}\n")
-    return EXIT_CONFIG
+    return exec_helper(args)
 
 
 def _close(fd: int) -> None:
