@@ -12,6 +12,7 @@ which is how the kernel tests run it under pure cgroup v2 (``unshare -m``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from labkit.kernel import (
@@ -94,6 +96,26 @@ def pod_teardown(
         if sibling is not None:
             sibling.destroy()
         sandbox.destroy()
+
+
+@contextlib.contextmanager
+def every_slot_taken(cache_dir: str) -> Iterator[None]:
+    """A crash storm's start-up load: every start-up slot held (flock), so a delete steps aside."""
+    import fcntl
+
+    from runc_guard.shim.startup import slots
+
+    directory = os.path.join(cache_dir, "startup")
+    os.makedirs(directory, exist_ok=True)
+    fds = [os.open(os.path.join(directory, f"slot-{i}"), os.O_RDWR | os.O_CREAT, 0o600)
+           for i in range(slots())]
+    try:
+        for fd in fds:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def guard_env(workdir: str, **overrides: str) -> dict[str, str]:

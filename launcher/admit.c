@@ -48,7 +48,7 @@ extern char **environ;
 #define WAIT_SHARE 0.5
 #define MIN_BUDGET_SHARE 0.25
 /* runc_guard/delete/bounds.py CROWDED_DIR_BYTES: past it the Python writer prunes. */
-#define CROWDED_DIR_BYTES 40000
+#define CROWDED_DIR_BYTES (64 << 10)
 #define FINISHER_LOCK "finisher.lock"
 #define REPORTER_LOCK ".reporter.lock"
 
@@ -476,14 +476,13 @@ static int write_spool(const char *spool, const struct admit_settings *s, const 
 	return write_atomic(spool, name, doc, len);
 }
 
-/* journal.send_minimal: one datagram, never waited for (a full journald drops it, not us). */
-static void journal_minimal(const char *socket_path, const char *reason)
+void journal_minimal(const char *socket_path, const char *event, const char *message, int priority)
 {
 	char msg[4096];
 	struct sockaddr_un addr = {.sun_family = AF_UNIX};
 	int fd, n = snprintf(msg, sizeof(msg),
-			     "MESSAGE=startup_overloaded: %s\nPRIORITY=4\nSYSLOG_IDENTIFIER=runc-guard\n"
-			     "EVENT=startup_overloaded\nRUNC_GUARD_PID=%d\n", reason, (int)getpid());
+			     "MESSAGE=%s: %s\nPRIORITY=%d\nSYSLOG_IDENTIFIER=runc-guard\nEVENT=%s\nRUNC_GUARD_PID=%d\n",
+			     event, message, priority, event, (int)getpid());
 
 	if (n < 0 || (size_t)n >= sizeof(msg) || strlen(socket_path) >= sizeof(addr.sun_path))
 		return;
@@ -576,7 +575,7 @@ static void step_aside(const char *id, const char *raw_root, const char *root, c
 	}
 	n = snprintf(spool, sizeof(spool), "%s/spool", s->cache_dir);
 	if (n < 0 || (size_t)n >= sizeof(spool) || write_spool(spool, s, id, raw_root, reason) != 0) {
-		journal_minimal(s->journal_socket, reason);
+		journal_minimal(s->journal_socket, "startup_overloaded", reason, 4);
 		return;
 	}
 	if ((lock = try_lock(spool, REPORTER_LOCK)) >= 0) {

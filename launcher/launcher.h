@@ -46,6 +46,12 @@ enum admit_verdict admit(const char *id, const char *root, const char *runtime_p
  */
 int record_name(const char *raw_root, const char *id, char *root, size_t rsize, char *name, size_t nsize);
 
+/*
+ * journal.send_minimal: one datagram to journald's socket, never waited for (a full or absent
+ * journald loses the entry, never the call). MESSAGE is "<event>: <message>".
+ */
+void journal_minimal(const char *socket_path, const char *event, const char *message, int priority);
+
 /* SHA-256 of [data, data+len) as 64 lowercase hex digits and a NUL (launcher/sha256.c). */
 void sha256_hex(const void *data, size_t len, char out[65]);
 

@@ -81,7 +81,19 @@
 
 extern char **environ;
 
-/* One way to fail: one line on stderr naming the program (and %m), then exit. */
+/* journal.send_minimal's socket: RUNC_GUARD_JOURNAL_SOCKET, else journald's. */
+static const char *journal_socket(void)
+{
+	const char *key = "RUNC_GUARD_JOURNAL_SOCKET=";
+	size_t n = strlen(key);
+
+	for (char **e = environ; *e; e++)
+		if (strncmp(*e, key, n) == 0 && (*e)[n])
+			return *e + n;
+	return "/run/systemd/journal/socket";
+}
+
+/* One way to fail: one line on stderr naming the program (and %m), and the journal; then exit. */
 __attribute__((noreturn, format(printf, 2, 3))) static void bail(int code, const char *fmt, ...)
 {
 	char line[1024];
@@ -95,6 +107,9 @@ __attribute__((noreturn, format(printf, 2, 3))) static void bail(int code, const
 		n = 0;
 	if ((size_t)n > sizeof(line) - 2)
 		n = sizeof(line) - 2;
+	line[n] = '\0';
+	/* The journal where it is cheap (one datagram; RUNC_GUARD_JOURNAL_SOCKET as send_minimal has it). */
+	journal_minimal(journal_socket(), "runtime_unavailable", line, 3);
 	line[n] = '\n';
 	if (write(STDERR_FILENO, "runc-guard: ", 12) < 0 || write(STDERR_FILENO, line, (size_t)n + 1) < 0)
 		_exit(code); /* stderr closed: the exit status is all that is left */

@@ -15,12 +15,9 @@ delete and removes the rest once the children are gone.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
@@ -32,9 +29,8 @@ from labkit.kernel import (
     reported_events,
     wait_for,
 )
-from labkit.scenario import gone, guard_env, pod_teardown
+from labkit.scenario import every_slot_taken, gone, guard_env, pod_teardown
 from runc_guard.delete.aside import OVERLOAD, iter_aside
-from runc_guard.shim.startup import slots
 
 pytestmark = pytest.mark.kernel
 
@@ -81,21 +77,6 @@ def test_a_cut_short_delete_is_finished_after_the_reply(shim_binary: str, workdi
               f"{late[0]['since_record_ms']} ms after its record, removed {late[0]['removed']}")
 
 
-@contextmanager
-def _every_slot_taken(cache: str) -> Iterator[None]:
-    """A crash storm's start-up load: every start-up slot held, so the delete steps aside."""
-    os.makedirs(os.path.join(cache, "startup"), exist_ok=True)
-    fds = [os.open(os.path.join(cache, "startup", f"slot-{i}"), os.O_RDWR | os.O_CREAT, 0o600)
-           for i in range(slots())]
-    try:
-        for fd in fds:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
 def test_what_an_overloaded_delete_left_to_the_runtime_is_finished(shim_binary: str, workdir: str) -> None:
     """Every slot taken: runc-guard steps aside and runc 1.3.4 alone fails on the busy cgroup (exit 1,
     state and dirs kept: the control is the runtime's own result). Nothing is done while containerd's
@@ -106,7 +87,7 @@ def test_what_an_overloaded_delete_left_to_the_runtime_is_finished(shim_binary: 
         os.kill(ctr.init_pid(), signal.SIGKILL)
         env = guard_env(workdir, RUNC_GUARD_RUNTIME=runc, RUNC_GUARD_FINISH_WINDOW="40")
         cache = env["RUNC_GUARD_CACHE_DIR"]
-        with _every_slot_taken(cache):
+        with every_slot_taken(cache):
             done = _delete(shim_binary, ctr.root, ctr.id, env)
         state = os.path.join(ctr.root, ctr.id, "state.json")
         assert done.returncode == 1 and os.path.exists(state) and ctr.cgroup_dirs(), done.stderr

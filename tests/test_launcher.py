@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 from collections.abc import Callable, Iterator
 
@@ -283,7 +284,7 @@ def test_runtime_problems_go_to_python(node: Node) -> None:
 
 def test_no_python_entry_is_one_line_and_the_documented_code(node: Node, tmp_path: os.PathLike[str]) -> None:
     """A launcher without its Python entry: what it routes still runs; what it cannot is one stderr
-    line and exit 78 (routing untrusted) or 69 (a delete to interpose)."""
+    line, a journal entry and exit 78 (routing untrusted) or 69 (a delete to interpose)."""
     lone = os.path.join(tmp_path, "lone")
     os.mkdir(lone)
     launcher = os.path.join(lone, "runc-guard")
@@ -297,8 +298,19 @@ def test_no_python_entry_is_one_line_and_the_documented_code(node: Node, tmp_pat
     os.makedirs(os.path.join(node.root, "c1"))
     with open(os.path.join(node.root, "c1", "state.json"), "w"):
         pass
-    status, _, stderr = node.call(["--root", node.root, "delete", "c1"], launcher)
-    assert (status, stderr.count("\n")) == (69, 1) and "a delete to interpose" in stderr
+    journal = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        journal.bind(os.path.join(node.tmp, "journal.sock"))
+        journal.settimeout(5)
+        status, _, stderr = node.call(["--root", node.root, "delete", "c1"], launcher,
+                                      RUNC_GUARD_JOURNAL_SOCKET=os.path.join(node.tmp, "journal.sock"))
+        assert (status, stderr.count("\n")) == (69, 1) and "a delete to interpose" in stderr
+        entry = dict(line.split("=", 1) for line in journal.recv(8192).decode().splitlines())
+    finally:
+        journal.close()
+    assert (entry["EVENT"], entry["PRIORITY"]) == ("runtime_unavailable", "3")
+    assert entry["SYSLOG_IDENTIFIER"] == "runc-guard"
+    assert entry["MESSAGE"] == "runtime_unavailable: " + stderr.removeprefix("runc-guard: ").rstrip("\n")
 
 
 # -- exactness: the runtime alone, through the launcher, through the Python entry --------------

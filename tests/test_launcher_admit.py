@@ -11,12 +11,14 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from labkit.scenario import every_slot_taken
 from runc_guard.delete.aside import read_aside
 from runc_guard.delete.pending import record_path
 from runc_guard.shim.startup import slots
@@ -98,20 +100,8 @@ class Node:
     def delete(self, container_id: str = "c1", **kw: object) -> tuple[int, dict[str, list[list[str]]]]:
         return self.call(["--root", self.root, "delete", "--force", container_id], **kw)  # type: ignore[arg-type]
 
-    @contextlib.contextmanager
-    def slots_taken(self) -> Iterator[None]:
-        """Every start-up slot held, as by deletes loading at once."""
-        directory = os.path.join(self.cache, "startup")
-        os.makedirs(directory, exist_ok=True)
-        fds = [os.open(os.path.join(directory, f"slot-{i}"), os.O_RDWR | os.O_CREAT, 0o600)
-               for i in range(slots())]
-        try:
-            for fd in fds:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            for fd in fds:
-                os.close(fd)
+    def slots_taken(self) -> contextlib.AbstractContextManager[None]:
+        return every_slot_taken(self.cache)
 
     def aside(self, container_id: str = "c1", root: str | None = None) -> dict[str, object] | None:
         return read_aside(record_path(os.path.join(self.cache, "aside"), root or self.root, container_id))
@@ -251,7 +241,7 @@ def test_what_c_cannot_write_exactly_goes_to_python(node: Node) -> None:
     assert status == 0 and [a[0] for a in execs["main"]] == [PY, "runtime-a"]
     assert node.aside(root=odd) is not None  # the Python entry stepped aside and wrote it
     aside = os.path.join(node.cache, "aside")
-    for i in range(2500):
+    for i in range(4000):  # tmpfs counts ~20 bytes an entry: past bounds.CROWDED_DIR_BYTES
         with open(os.path.join(aside, f"x{i:04d}-{'y' * 40}@000000000000.json"), "w"):
             pass
     with node.slots_taken():
@@ -289,3 +279,55 @@ def test_c_and_python_step_aside_alike(node: Node) -> None:
         found.append(({k: v for k, v in record.items() if k not in ("created", "reason")},
                       sorted(entry), str(record["reason"]).split(";")[0].split(" after ")[0]))
     assert found[0] == found[1]
+
+
+ADMIT_C = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launcher", "admit.c")
+
+
+def test_the_c_constants_are_the_python_ones() -> None:
+    """launcher/admit.c restates shim/startup.py's rule and the writers' names and bounds."""
+    from runc_guard.delete import bounds, report
+    from runc_guard.shim import startup
+    from runc_guard.spool import LOCK
+
+    with open(ADMIT_C) as f:
+        defined = dict(line.split(None, 2)[1:] for line in f
+                       if line.startswith("#define ") and " " in line[8:])
+    assert int(defined["POLL_NS"].strip().rstrip("L")) == round(startup.POLL * 1e9)
+    assert float(defined["MAX_WAIT"]) == startup.MAX_WAIT
+    assert float(defined["WAIT_SHARE"]) == startup.WAIT_SHARE
+    assert float(defined["MIN_BUDGET_SHARE"]) == startup.MIN_BUDGET_SHARE
+    assert defined["CROWDED_DIR_BYTES"].strip() == f"({bounds.CROWDED_DIR_BYTES >> 10} << 10)"
+    assert defined["FINISHER_LOCK"].strip() == f"\"{report.FINISHER_LOCK}\""
+    assert defined["REPORTER_LOCK"].strip() == f"\"{LOCK}\""
+
+
+def _as_caller() -> None:
+    """A caller that ignores SIGINT and blocks SIGUSR1 (a Go shim passes what it inherited on)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+
+
+def test_the_runtime_a_step_aside_starts_is_exactly_the_runtime_alone(node: Node) -> None:
+    """After the step-aside's record, spool entry and helper: argv[1:], the environment's bytes, cwd,
+    fds and the signal mask and dispositions the runtime sees are those of the runtime run alone."""
+    args = ["--root", node.root, "delete", "--force", "c1"]
+    traces = []
+    with open(os.path.join(node.tmp, "output"), "w") as out:  # the same stdout/stderr for both runs
+        for binary in (node.launcher, node.runtime):
+            with node.slots_taken():
+                subprocess.run([binary, *args], env=node.env(), cwd=node.tmp, preexec_fn=_as_caller,
+                               stdout=out, stderr=out, timeout=60, check=True)
+            traces.append(_trace_of(node))
+    assert node.aside() is not None  # the launcher's run stepped aside
+    assert traces[0] == traces[1]
+    assert any(line.startswith("SigIgn:") and int(line.split()[1], 16) & 1 << (signal.SIGINT - 1)
+               for line in traces[0])
+
+
+def _trace_of(node: Node) -> list[str]:
+    """The tracer's record without what differs by design: its pid and argv[0] (the path run)."""
+    with open(node.trace) as f:
+        lines = [line for line in f if not line.startswith("pid ")]
+    os.unlink(node.trace)
+    return lines[1:] if lines[0].startswith("argv ") else lines
