@@ -16,6 +16,10 @@ runtime exactly as it would have run alone (never more harm than the runtime;
 the sweep finishes what it leaks). Waiting until the deadline instead made
 every dead-shim cleanup of a storm take ~4 s. One delete at a time, the common
 case, takes its slot with one open and one flock.
+
+The launcher (launcher/admit.c) applies this same rule in C before any
+interpreter starts, and hands the slot it took to the Python entry; these
+constants are restated there (tests/test_launcher_admit.py compares them).
 """
 
 from __future__ import annotations
