@@ -40,8 +40,6 @@
 
 #include "launcher.h"
 
-extern char **environ;
-
 /* runc_guard/shim/startup.py */
 #define POLL_NS 50000000L
 #define MAX_WAIT 1.0
@@ -522,7 +520,6 @@ static int try_lock(const char *dir, const char *name)
 static void spawn_helper(const struct helper_exec *helper, int lock, const char *const *args)
 {
 	char handover[PATH_MAX + NAME_MAX + 64], *argv[8], **env;
-	size_t count = 0;
 	int null, n = snprintf(handover, sizeof(handover), "%s\nhelper", helper->handover);
 	pid_t pid;
 
@@ -540,14 +537,9 @@ static void spawn_helper(const struct helper_exec *helper, int lock, const char 
 	if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0 ||
 	    (lock == 3 ? fcntl(3, F_SETFD, 0) : dup2(lock, 3)) < 0)
 		_exit(127);
-	while (environ[count])
-		count++;
-	env = malloc((count + 2) * sizeof(*env));
+	env = environment_with(handover);
 	if (env == NULL)
 		_exit(127);
-	env[0] = handover;
-	memcpy(env + 1, environ, count * sizeof(*env));
-	env[count + 1] = NULL;
 	argv[0] = (char *)helper->entry;
 	for (n = 0; args[n] && n < 6; n++)
 		argv[n + 1] = (char *)args[n];

@@ -52,6 +52,9 @@ int record_name(const char *raw_root, const char *id, char *root, size_t rsize, 
  */
 void journal_minimal(const char *socket_path, const char *event, const char *message, int priority);
 
+/* The caller's environment with `first` put in front (the hand-over), or NULL (ENOMEM). */
+char **environment_with(const char *first);
+
 /* SHA-256 of [data, data+len) as 64 lowercase hex digits and a NUL (launcher/sha256.c). */
 void sha256_hex(const void *data, size_t len, char out[65]);
 

@@ -81,16 +81,39 @@
 
 extern char **environ;
 
-/* journal.send_minimal's socket: RUNC_GUARD_JOURNAL_SOCKET, else journald's. */
-static const char *journal_socket(void)
+/* environ's value of `key` ("RUNC_GUARD_CONFIG=") or NULL; "" counts as unset, as in settings.py. */
+static const char *env_value(const char *key)
 {
-	const char *key = "RUNC_GUARD_JOURNAL_SOCKET=";
 	size_t n = strlen(key);
 
 	for (char **e = environ; *e; e++)
-		if (strncmp(*e, key, n) == 0 && (*e)[n])
-			return *e + n;
-	return "/run/systemd/journal/socket";
+		if (strncmp(*e, key, n) == 0)
+			return (*e)[n] ? *e + n : NULL;
+	return NULL;
+}
+
+/* journal.send_minimal's socket: RUNC_GUARD_JOURNAL_SOCKET, else journald's. */
+static const char *journal_socket(void)
+{
+	const char *socket_path = env_value("RUNC_GUARD_JOURNAL_SOCKET=");
+
+	return socket_path ? socket_path : "/run/systemd/journal/socket";
+}
+
+char **environment_with(const char *first)
+{
+	size_t count = 0;
+	char **env;
+
+	while (environ[count])
+		count++;
+	env = malloc((count + 2) * sizeof(*env));
+	if (env == NULL)
+		return NULL;
+	env[0] = (char *)first;
+	memcpy(env + 1, environ, count * sizeof(*env));
+	env[count + 1] = NULL;
+	return env;
 }
 
 /* One way to fail: one line on stderr naming the program (and %m), and the journal; then exit. */
@@ -272,6 +295,12 @@ static void parse(char *const *argv, struct invocation *inv)
 	inv->is_delete = inv->container_id != NULL && help_or_version == 0;
 }
 
+/* The runtime's state root, as runc resolves it (argv.py Invocation.root). */
+static const char *state_root(const struct invocation *inv)
+{
+	return inv->root && *inv->root ? inv->root : DEFAULT_ROOT;
+}
+
 #ifdef PARSE_ONLY
 /* ---- test build: print the parse, nothing else (tests/test_launcher_parse.py) ----------- */
 
@@ -298,12 +327,12 @@ int main(int argc, char **argv)
 	put_hex("subcommand", inv.subcommand);
 	put_hex("id", inv.container_id);
 	printf("force=%d\n", inv.force);
-	put_hex("root", inv.root && *inv.root ? inv.root : DEFAULT_ROOT);
+	put_hex("root", state_root(&inv));
 	printf("delete=%d\n", inv.is_delete);
 	{
 		char root[PATH_MAX], name[NAME_MAX + 1];
-		int named = inv.is_delete && record_name(inv.root && *inv.root ? inv.root : DEFAULT_ROOT,
-							 inv.container_id, root, sizeof(root), name, sizeof(name)) == 0;
+		int named = inv.is_delete &&
+			    record_name(state_root(&inv), inv.container_id, root, sizeof(root), name, sizeof(name)) == 0;
 		put_hex("record", named ? name : NULL);
 	}
 	return 0;
@@ -321,17 +350,6 @@ struct routes {
 	const char *name[MAX_NAMES];
 	const char *name_runtime[MAX_NAMES];
 };
-
-/* environ's value of `key` ("RUNC_GUARD_CONFIG=") or NULL; "" counts as unset, as in settings.py. */
-static const char *env_value(const char *key)
-{
-	size_t n = strlen(key);
-
-	for (char **e = environ; *e; e++)
-		if (strncmp(*e, key, n) == 0)
-			return (*e)[n] ? *e + n : NULL;
-	return NULL;
-}
 
 /* Owned by the euid and writable by nobody else: only then may its bytes route a call. */
 static int trusted(const struct stat *st)
@@ -588,7 +606,7 @@ static int pending_record(const char *pending_dir, const char *id)
 /* Does the runtime or a pending record know this container? Cheap stats only. */
 static int known_to_anyone(const struct invocation *inv, const struct routes *r)
 {
-	const char *root = inv->root && *inv->root ? inv->root : DEFAULT_ROOT;
+	const char *root = state_root(inv);
 
 	return exists_in(root, inv->container_id, "/state.json") || exists_in(root, inv->container_id, "/status") ||
 	       r->debug || pending_record(r->pending_dir, inv->container_id);
@@ -623,28 +641,28 @@ static int python_entry(const char *self_path, char *entry, size_t size)
 	return n >= 0 && (size_t)n < size ? 0 : -1;
 }
 
+/* RUNC_GUARD_HANDOVER=<invoked>/<self_path><tail> in buf; -1 when it does not fit. */
+static int handover_of(char *buf, size_t size, const char *invoked, const char *self_path, const char *tail)
+{
+	int n = snprintf(buf, size, HANDOVER "%s/%s%s", invoked, self_path, tail);
+
+	return n >= 0 && (size_t)n < size ? 0 : -1;
+}
+
 /* `tail`: "" for a plain hand-over, "\nadmitted <slot> <origin ns> <role>" for an admitted
  * delete (shim/entry.py handed_over); a newline cannot end a path readlink gave us unnoticed. */
 static void exec_python_with(char **argv, const char *invoked, const char *self_path, int code, const char *why,
 			     const char *tail)
 {
 	char entry[PATH_MAX], handover[PATH_MAX + NAME_MAX + sizeof(HANDOVER) + 96], **env;
-	size_t count = 0;
-	int n;
 
 	if (python_entry(self_path, entry, sizeof(entry)) != 0)
 		bail(code, "%s; the Python entry's path is too long", why);
-	n = snprintf(handover, sizeof(handover), HANDOVER "%s/%s%s", invoked, self_path, tail);
-	if (n < 0 || (size_t)n >= sizeof(handover))
+	if (handover_of(handover, sizeof(handover), invoked, self_path, tail) != 0)
 		bail(code, "%s; the invoked name is too long to hand over", why);
-	while (environ[count])
-		count++;
-	env = malloc((count + 2) * sizeof(*env));
+	env = environment_with(handover);
 	if (env == NULL)
 		bail(code, "%s; cannot start the Python entry: %m", why);
-	env[0] = handover;
-	memcpy(env + 1, environ, count * sizeof(*env));
-	env[count + 1] = NULL;
 	argv[0] = entry;
 	execve(entry, argv, env);
 	bail(code, "%s; cannot exec the Python entry %s: %m", why, entry);
@@ -684,16 +702,12 @@ static void interpose(char **argv, const char *invoked, const char *self_path, c
 	const char *cache = env_value("RUNC_GUARD_CACHE_DIR=");
 	struct helper_exec helper = {entry, handover};
 	struct admitted a;
-	int n;
 
-	if (!from_file || admission_variable() || python_entry(self_path, entry, sizeof(entry)) != 0)
-		exec_python(argv, invoked, self_path, EXIT_RUNTIME_UNAVAILABLE, "a delete to interpose");
-	n = snprintf(handover, sizeof(handover), HANDOVER "%s/%s", invoked, self_path);
-	if (n < 0 || (size_t)n >= sizeof(handover))
+	if (!from_file || admission_variable() || python_entry(self_path, entry, sizeof(entry)) != 0 ||
+	    handover_of(handover, sizeof(handover), invoked, self_path, "") != 0)
 		exec_python(argv, invoked, self_path, EXIT_RUNTIME_UNAVAILABLE, "a delete to interpose");
 	r->admission.cache_dir = cache ? cache : DEFAULT_CACHE_DIR;
-	switch (admit(inv->container_id, inv->root && *inv->root ? inv->root : DEFAULT_ROOT, runtime_path,
-		      &r->admission, &helper, &a)) {
+	switch (admit(inv->container_id, state_root(inv), runtime_path, &r->admission, &helper, &a)) {
 	case ADMIT_ASIDE:
 		exec_runtime(runtime_path, argv);
 		exec_python(argv, invoked, self_path, EXIT_RUNTIME_UNAVAILABLE, "cannot exec the runtime");

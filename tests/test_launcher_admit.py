@@ -300,6 +300,14 @@ def test_the_c_constants_are_the_python_ones() -> None:
     assert defined["CROWDED_DIR_BYTES"].strip() == f"({bounds.CROWDED_DIR_BYTES >> 10} << 10)"
     assert defined["FINISHER_LOCK"].strip() == f"\"{report.FINISHER_LOCK}\""
     assert defined["REPORTER_LOCK"].strip() == f"\"{LOCK}\""
+    # ... and the caller roles the hand-over names, which the shim restates to stay light
+    from runc_guard import procinfo
+    from runc_guard.shim.entry import CALLERS
+
+    assert CALLERS == (procinfo.DEAD_SHIM, procinfo.SERVING_SHIM, procinfo.UNKNOWN_CALLER)
+    with open(ADMIT_C) as f:
+        source = f.read()
+    assert all(f'"{role}"' in source for role in CALLERS)
 
 
 def _as_caller() -> None:

@@ -80,6 +80,16 @@ _REPORTER = (
 _LOCK_FD = 3
 
 
+def _helper_argv(program: str, args: list[str]) -> list[str]:
+    """``python -I -c program <root> args...``: a fresh interpreter finding runc-guard where this one did."""
+    import sys
+
+    import runc_guard
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(runc_guard.__file__)))
+    return [sys.executable, "-I", "-c", program, root, *args]
+
+
 def spawn_detached(program: str, args: list[str], lock: int) -> int:
     """Start ``python -I -c program <root> args...`` in a session of its own; its pid (0: not started).
 
@@ -91,10 +101,7 @@ def spawn_detached(program: str, args: list[str], lock: int) -> int:
     """
     import sys
 
-    import runc_guard
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(runc_guard.__file__)))
-    argv = [sys.executable, "-I", "-c", program, root, *args]
+    argv = _helper_argv(program, args)
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
         actions = [(os.POSIX_SPAWN_DUP2, null, fd) for fd in (0, 1, 2)]
@@ -152,15 +159,12 @@ def exec_helper(args: list[str]) -> int:
     and program as :func:`spawn_detached` starts; returns only when ``args`` name no helper (exit 78)."""
     import sys
 
-    import runc_guard
-
     programs = {("finisher", 1): _FINISHER, ("reporter", 3): _REPORTER}
     program = programs.get((args[0], len(args))) if args else None
     if program is None or not sys.executable:
         sys.stderr.write(f"runc-guard: not a helper: {args!r}\n")
         return 78
-    root = os.path.dirname(os.path.dirname(os.path.abspath(runc_guard.__file__)))
-    os.execv(sys.executable, [sys.executable, "-I", "-c", program, root, *args[1:]])
+    os.execv(sys.executable, _helper_argv(program, args[1:]))
 
 
 def deliver(log: EventLog, settings: Settings, directory: str) -> None:
