@@ -28,8 +28,8 @@ from labkit.kernel import RuncContainer
 COMMANDS = {**PASSTHROUGH, "delete (unknown id)": lambda c: ["--root", c.root, "delete", "--force", "gone"]}
 #: A known container's delete that steps aside at start-up (a crash storm's common case): the id
 #: has a state directory whose state.json runc refuses (exit 1), so every round is the same call;
-#: ``delete_timeout = 0`` leaves no budget, so both front doors step aside at once, without the
-#: slot wait (which sleeps), and pay only the record, the spool entry and the runtime.
+#: ``delete_timeout = 0`` leaves no budget, so both front doors step aside at once (as with every
+#: delete slot held) and pay only the record, the spool entry and the runtime.
 ASIDE = "delete (stepped aside)"
 ASIDE_ID = "rgbench-aside"
 

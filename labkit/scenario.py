@@ -100,10 +100,10 @@ def pod_teardown(
 
 @contextlib.contextmanager
 def every_slot_taken(cache_dir: str) -> Iterator[None]:
-    """A crash storm's start-up load: every start-up slot held (flock), so a delete steps aside."""
+    """A crash storm's load: every delete slot held (flock), so a delete steps aside."""
     import fcntl
 
-    from runc_guard.shim.startup import slots
+    from runc_guard.shim.startup import STORM_MARK, slots
 
     directory = os.path.join(cache_dir, "startup")
     os.makedirs(directory, exist_ok=True)
@@ -116,6 +116,8 @@ def every_slot_taken(cache_dir: str) -> Iterator[None]:
     finally:
         for fd in fds:
             os.close(fd)
+        with contextlib.suppress(FileNotFoundError):  # the storm the deletes marked is over
+            os.unlink(os.path.join(directory, STORM_MARK))
 
 
 def guard_env(workdir: str, **overrides: str) -> dict[str, str]:

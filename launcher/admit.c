@@ -10,9 +10,11 @@
  *   - the budget's origin and the caller (procinfo.py delete_caller): our start, or a
  *     dead-shim cleanup's start when our parent is `containerd-shim... delete`;
  *   - too little of the deadline left (MIN_BUDGET_SHARE): step aside at once;
- *   - otherwise wait for one of 2 x CPUs start-up slots (flock), at most MAX_WAIT and never
- *     past WAIT_SHARE of the budget; a slot: load the delete path (the Python entry, the slot
- *     handed over); none: step aside.
+ *   - a storm marked (every slot held less than STORM_HOLD ago): step aside at once;
+ *   - otherwise take a free one of 2 x CPUs delete slots (flock), held for the whole delete;
+ *     a slot: load the delete path (the Python entry, the slot handed over); every slot held:
+ *     mark a storm and step aside at once (a wait here cost the stepped-aside runtimes their
+ *     budget).
  *
  * Stepping aside is what the Python entry did, written here: the overload aside record
  * (<cache>/aside/<id>@<sha256(root)[:12]>.json, JSON), a spool entry for the reporter
@@ -41,10 +43,9 @@
 #include "launcher.h"
 
 /* runc_guard/shim/startup.py */
-#define POLL_NS 50000000L
-#define MAX_WAIT 1.0
-#define WAIT_SHARE 0.5
 #define MIN_BUDGET_SHARE 0.25
+#define STORM_HOLD 5.0
+#define STORM_MARK "storm"
 /* runc_guard/delete/bounds.py CROWDED_DIR_BYTES: past it the Python writer prunes. */
 #define CROWDED_DIR_BYTES (64 << 10)
 #define FINISHER_LOCK "finisher.lock"
@@ -216,43 +217,65 @@ static int slot_count(void)
 	return cpus < 1 ? 2 : 2 * cpus;
 }
 
-/* One slot's fd (flock held, close-on-exec cleared), -1: no slots usable here, -2: deadline. */
-static int acquire(const char *cache_dir, double deadline, int count)
+/* One free slot's fd (flock held, close-on-exec cleared), -1: no slots usable here, -2: all held. */
+static int acquire(const char *cache_dir, int count)
 {
 	char dir[PATH_MAX], path[PATH_MAX];
-	int fds[1024], got = -2, n;
+	int n, fd;
 
-	if (count > 1024)
-		count = 1024;
 	n = snprintf(dir, sizeof(dir), "%s/startup", cache_dir);
 	if (n < 0 || (size_t)n >= sizeof(dir) || make_dirs(dir) != 0)
 		return -1;
 	for (int i = 0; i < count; i++) {
 		n = snprintf(path, sizeof(path), "%s/slot-%d", dir, i);
-		fds[i] = n < 0 || (size_t)n >= sizeof(path) ? -1 : open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-		if (fds[i] < 0) {
-			while (i-- > 0)
-				close(fds[i]);
+		fd = n < 0 || (size_t)n >= sizeof(path) ? -1 : open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+		if (fd < 0)
+			return -1;
+		if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+			int held = errno == EWOULDBLOCK;
+
+			close(fd);
+			if (held)
+				continue;
+			return -1; /* startup.acquire: any other failure, go on without a slot */
+		}
+		if (fcntl(fd, F_SETFD, 0) != 0) { /* the Python entry inherits it */
+			close(fd);
 			return -1;
 		}
+		return fd;
 	}
-	while (got == -2) {
-		for (int i = 0; i < count && got == -2; i++)
-			if (fds[i] >= 0 && flock(fds[i], LOCK_EX | LOCK_NB) == 0)
-				got = fds[i], fds[i] = -1;
-		if (got != -2 || clock_s(CLOCK_MONOTONIC) >= deadline)
-			break;
-		struct timespec pause = {0, POLL_NS};
-		nanosleep(&pause, NULL);
-	}
-	for (int i = 0; i < count; i++)
-		if (fds[i] >= 0)
-			close(fds[i]);
-	if (got >= 0 && fcntl(got, F_SETFD, 0) != 0) { /* the Python entry inherits it */
-		close(got);
-		return -1;
-	}
-	return got;
+	return -2;
+}
+
+/* startup.storm_marked: did a delete find every slot held within STORM_HOLD (the mark's mtime,
+ * wall clock)? A mark in the future or unreadable is no storm. */
+static int storm_marked(const char *cache_dir)
+{
+	char path[PATH_MAX];
+	struct stat st;
+	double now = clock_s(CLOCK_REALTIME), age;
+	int n = snprintf(path, sizeof(path), "%s/startup/" STORM_MARK, cache_dir);
+
+	if (n < 0 || (size_t)n >= sizeof(path) || now < 0 || stat(path, &st) != 0)
+		return 0;
+	age = now - ((double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec / 1e9);
+	return age >= 0 && age < STORM_HOLD;
+}
+
+/* startup.mark_storm: every slot was held. */
+static void mark_storm(const char *cache_dir)
+{
+	char path[PATH_MAX];
+	int n = snprintf(path, sizeof(path), "%s/startup/" STORM_MARK, cache_dir), fd;
+
+	if (n < 0 || (size_t)n >= sizeof(path))
+		return;
+	fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return;
+	futimens(fd, NULL);
+	close(fd);
 }
 
 /* ---- what a step-aside writes --------------------------------------------------------------- */
@@ -591,7 +614,7 @@ enum admit_verdict admit(const char *id, const char *raw_root, const char *runti
 			 const struct admit_settings *s, const struct helper_exec *helper, struct admitted *out)
 {
 	char root[PATH_MAX], record[NAME_MAX + 1], reason[512];
-	double origin, now, lag, left, margin, deadline, wait_until;
+	double origin, now, lag, left, margin, deadline;
 	int finishing = s->finish_window > 0, slot, count;
 
 	/* What a step-aside would have to write, checked first: never half of it in C. */
@@ -624,16 +647,23 @@ enum admit_verdict admit(const char *id, const char *raw_root, const char *runti
 		step_aside(id, raw_root, root, record, runtime_path, s, helper, reason);
 		return ADMIT_ASIDE;
 	}
-	wait_until = origin + s->timeout * WAIT_SHARE;
-	if (wait_until > clock_s(CLOCK_MONOTONIC) + MAX_WAIT)
-		wait_until = clock_s(CLOCK_MONOTONIC) + MAX_WAIT;
-	count = slot_count();
-	slot = acquire(s->cache_dir, wait_until, count);
-	if (slot == -2) {
+	if (storm_marked(s->cache_dir)) {
 		snprintf(reason, sizeof(reason),
-			 "%d deletes were already loading at once; after %d ms runc-guard stepped aside and ran"
-			 " the runtime alone (the sweep finishes what it leaves)",
-			 count, (int)((clock_s(CLOCK_MONOTONIC) - origin) * 1000));
+			 "a storm of deletes is running (every slot was held less than %g s ago); runc-guard"
+			 " stepped aside and ran the runtime alone (the finisher or the sweep completes what it"
+			 " leaves)",
+			 STORM_HOLD);
+		step_aside(id, raw_root, root, record, runtime_path, s, helper, reason);
+		return ADMIT_ASIDE;
+	}
+	count = slot_count();
+	slot = acquire(s->cache_dir, count);
+	if (slot == -2) {
+		mark_storm(s->cache_dir);
+		snprintf(reason, sizeof(reason),
+			 "%d deletes were already running at once; runc-guard stepped aside and ran the runtime"
+			 " alone (the finisher or the sweep completes what it leaves)",
+			 count);
 		step_aside(id, raw_root, root, record, runtime_path, s, helper, reason);
 		return ADMIT_ASIDE;
 	}

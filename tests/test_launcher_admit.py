@@ -21,6 +21,7 @@ import pytest
 from labkit.scenario import every_slot_taken
 from runc_guard.delete.aside import read_aside
 from runc_guard.delete.pending import record_path
+from runc_guard.shim import startup
 from runc_guard.shim.startup import slots
 from tests.launcher import builds
 
@@ -168,6 +169,38 @@ def test_an_admitted_delete_loads_the_delete_path_with_the_slot_handed_over(node
     assert node.entries("delete", timeout=10)[0]["outcome"] == "no_state"
 
 
+def test_an_admitted_delete_holds_its_slot_until_it_ends(node: Node) -> None:
+    """The slot is the delete's for its whole run, not only while it loads: with every other
+    slot held, the runtime the delete runs finds none free (a storm runs at most 2 x CPUs
+    deletes on runc-guard's path), and the slot is free again once the delete has ended."""
+    directory = os.path.join(node.cache, "startup")
+    os.makedirs(directory, exist_ok=True)
+    seen = os.path.join(node.tmp, "seen")
+    with open(node.runtime, "w") as f:  # a runtime that looks at every slot while it runs
+        f.write(f'#!/bin/sh\nfor i in $(seq 0 {slots() - 1}); do\n'
+                f'  flock -n -E 9 "{directory}/slot-$i" true; echo "$?" >> "{seen}"\ndone\n')
+    os.chmod(node.runtime, 0o755)
+    held = [os.open(os.path.join(directory, f"slot-{i}"), os.O_RDWR | os.O_CREAT, 0o600)
+            for i in range(slots() - 1)]
+    try:
+        for fd in held:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        status, execs = node.delete()
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert status == 0 and [a[0] for a in execs["main"]] == [PY]
+    with open(seen) as f:
+        assert f.read().split() == ["9"] * slots()  # every slot held, the delete's own included
+    assert node.aside() is None
+    for i in range(slots()):
+        fd = os.open(os.path.join(directory, f"slot-{i}"), os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free once the delete ended
+        finally:
+            os.close(fd)
+
+
 def test_all_slots_taken_steps_aside_in_c(node: Node) -> None:
     """No interpreter in the call: the runtime alone, the aside record and the entry written, a reporter."""
     with node.slots_taken():
@@ -178,10 +211,38 @@ def test_all_slots_taken_steps_aside_in_c(node: Node) -> None:
     record = node.aside()
     assert record is not None
     assert (record["kind"], record["runtime"], record["cgroup_paths"]) == ("overload", node.runtime, [])
-    assert str(record["reason"]).startswith(f"{slots()} deletes were already loading at once; after ")
+    assert str(record["reason"]).startswith(f"{slots()} deletes were already running at once; runc-guard")
     [entry] = node.entries("startup_overloaded")
     assert (entry["container_id"], entry["runtime_root"]) == ("c1", node.root)
     assert entry["reason"] == record["reason"]
+
+
+@pytest.mark.parametrize("door", ["launcher", "python"])
+def test_a_full_set_of_slots_marks_a_storm_for_five_seconds(node: Node, door: str) -> None:
+    """Once a delete found every slot held, the deletes of the next STORM_HOLD seconds step
+    aside at once even when a slot is free (a storm's full path stays its first few deletes);
+    a mark older than that, or in the future (the clock stepped back), admits as usual. The
+    Python entry (a RUNC_GUARD_* timeout makes the launcher leave it the decision) alike."""
+    extra = {} if door == "launcher" else {"RUNC_GUARD_DELETE_TIMEOUT": "1.0"}
+    mark = os.path.join(node.cache, "startup", startup.STORM_MARK)
+    aside = ([] if door == "launcher" else [PY]) + ["runtime-a"]
+    with node.slots_taken():
+        status, execs = node.delete(**extra)
+        assert status == 0 and [a[0] for a in execs["main"]] == aside
+        marked = os.stat(mark).st_mtime
+    with open(mark, "a"):  # slots_taken removed it: back as the storm's delete left it
+        pass
+    os.utime(mark, (marked, marked))
+    os.unlink(record_path(os.path.join(node.cache, "aside"), node.root, "c1"))
+    status, execs = node.delete(**extra)
+    assert status == 0 and [a[0] for a in execs["main"]] == aside, (status, execs)
+    record = node.aside()
+    assert record is not None and str(record["reason"]).startswith(
+        f"a storm of deletes is running (every slot was held less than {startup.STORM_HOLD:g} s ago);")
+    for offset in (-startup.STORM_HOLD - 1, 3600.0):
+        os.utime(mark, (time.time() + offset, time.time() + offset))
+        status, execs = node.delete(**extra)
+        assert status == 0 and [a[0] for a in execs["main"]] == [PY], offset
 
 
 def test_a_finish_window_starts_the_finisher_unless_one_runs(node: Node) -> None:
@@ -293,10 +354,9 @@ def test_the_c_constants_are_the_python_ones() -> None:
     with open(ADMIT_C) as f:
         defined = dict(line.split(None, 2)[1:] for line in f
                        if line.startswith("#define ") and " " in line[8:])
-    assert int(defined["POLL_NS"].strip().rstrip("L")) == round(startup.POLL * 1e9)
-    assert float(defined["MAX_WAIT"]) == startup.MAX_WAIT
-    assert float(defined["WAIT_SHARE"]) == startup.WAIT_SHARE
     assert float(defined["MIN_BUDGET_SHARE"]) == startup.MIN_BUDGET_SHARE
+    assert float(defined["STORM_HOLD"]) == startup.STORM_HOLD
+    assert defined["STORM_MARK"].strip() == f"\"{startup.STORM_MARK}\""
     assert defined["CROWDED_DIR_BYTES"].strip() == f"({bounds.CROWDED_DIR_BYTES >> 10} << 10)"
     assert defined["FINISHER_LOCK"].strip() == f"\"{report.FINISHER_LOCK}\""
     assert defined["REPORTER_LOCK"].strip() == f"\"{LOCK}\""

@@ -190,7 +190,7 @@ def test_a_storm_of_deletes_loses_no_entry(shim_binary: str, workdir: str, count
     ]
     results = [(p.communicate(timeout=60), p.returncode) for p in procs]
     assert all(r == ((b"", b""), 0) for r in results), results
-    # a delete that found every start-up slot busy for 1 s stepped aside: its entry says so
+    # a delete that found every delete slot held stepped aside: its entry says so
     ended = ("delete", "startup_overloaded")
     got = sorted(e["container_id"] for e in _reported(workdir) if e["event"] in ended)
     assert got == ids

@@ -76,21 +76,23 @@ def _startup_slot(
     invocation: argv_mod.Invocation, settings: Settings, environ: os._Environ[str], origin: float | None,
     runtime: str,
 ) -> int | None:
-    """Wait briefly for a start-up slot (see runc_guard.shim.startup).
+    """A delete slot, held until this delete ends (see runc_guard.shim.startup).
 
     ``origin``: when containerd's budget started (procinfo.deadline_origin).
-    None: the node is overloaded with deletes loading at once; the caller steps
-    aside and execs the runtime, exactly as it would have run without runc-guard.
+    None: the node is overloaded (too little of the budget left, or every slot
+    held); the caller steps aside and execs the runtime, exactly as it would have
+    run without runc-guard.
     """
     import time
 
     from runc_guard.shim.startup import (
-        MAX_WAIT,
         MIN_BUDGET_SHARE,
-        WAIT_SHARE,
+        STORM_HOLD,
         acquire,
         delete_deadline,
+        mark_storm,
         slots,
+        storm_marked,
     )
 
     started = origin or time.monotonic()
@@ -108,17 +110,28 @@ def _startup_slot(
             f" (the node is overloaded); runc-guard stepped aside and ran the runtime alone",
         )
         return None
-    deadline = min(started + settings.delete_timeout * WAIT_SHARE, time.monotonic() + MAX_WAIT)
-    slot = acquire(os.path.join(settings.cache_dir, "startup"), deadline)
-    if slot is None:
-        waited = int((time.monotonic() - started) * 1000)
+    directory = os.path.join(settings.cache_dir, "startup")
+    if storm_marked(directory):
         _report_overloaded(
             invocation,
             settings,
             environ,
             runtime,
-            f"{slots()} deletes were already loading at once; after {waited} ms runc-guard"
-            " stepped aside and ran the runtime alone (the sweep finishes what it leaves)",
+            f"a storm of deletes is running (every slot was held less than {STORM_HOLD:g} s ago);"
+            " runc-guard stepped aside and ran the runtime alone (the finisher or the sweep"
+            " completes what it leaves)",
+        )
+        return None
+    slot = acquire(directory)
+    if slot is None:
+        mark_storm(directory)
+        _report_overloaded(
+            invocation,
+            settings,
+            environ,
+            runtime,
+            f"{slots()} deletes were already running at once; runc-guard stepped aside and ran"
+            " the runtime alone (the finisher or the sweep completes what it leaves)",
         )
     return slot
 
@@ -200,6 +213,11 @@ def _admitted(decision: list[str]) -> tuple[int, float, str] | None:
     if slot in (0, 1, 2):
         return None  # stdio is never a slot
     if len(decision) == 4 and decision[2].isdigit() and decision[3] in CALLERS:
+        if slot >= 0:
+            try:  # held for the whole delete: never by the runtime or a helper it starts
+                os.set_inheritable(slot, False)
+            except OSError:
+                slot = -1  # not an fd after all: go on without a slot, as with no slot directory
         return slot, int(decision[2]) / 1e9, decision[3]
     _close(slot)
     return None
@@ -273,9 +291,14 @@ def main(noted: list[int] | None = None) -> int:
     elif invocation.is_delete and _known_to_anyone(invocation, settings):
         from runc_guard.procinfo import deadline_origin
 
-        # Read once (the parent's /proc entries): the slot wait and the delete's deadline share it.
+        # Read once (the parent's /proc entries): the admission and the delete's deadline share it.
         origin = deadline_origin()
-        slot = _startup_slot(invocation, settings, environ, origin, runtime)
+        try:
+            slot = _startup_slot(invocation, settings, environ, origin, runtime)
+        except Exception as exc:  # noqa: BLE001 - runc-guard's own fault: the runtime alone, as without it
+            reason = f"the delete's admission failed ({exc!r}): ran the runtime alone"
+            _journal(environ, "startup_failed", reason, 3)
+            slot = None
     if slot is not None:
         # Until the delete path has its own handlers, a signal is only noted (the
         # launcher set that up): the delete starts by honouring it.
@@ -283,9 +306,7 @@ def main(noted: list[int] | None = None) -> int:
 
         gc.freeze()  # the loaded modules live until exit: no collection needs to look at them
         gc.enable()
-        if slot >= 0:
-            os.close(slot)  # loaded: the CPU-heavy part is over, let the next delete load
-
+        # The slot is held until os._exit: the next delete takes it, or steps aside.
         status = run_delete(invocation, args, runtime, settings, environ, noted, origin, caller)
         # Everything is written and closed by now; tearing down the ~300 modules the
         # delete path loaded would only delay containerd's shim by ~12 ms.

@@ -1,21 +1,25 @@
-"""Start-up slots: a crash storm's deletes load the delete path a few at a time (stdlib only).
+"""Delete slots: in a crash storm at most ``2 x CPUs`` deletes take runc-guard's path at once.
 
-Starting a delete costs ~20 ms of CPU (an interpreter, then ~6 ms of imports;
-100-150 ms before it stopped importing structlog, json and re ahead of its
-reply). When a node's pods
-die together (dozens of dead-shim cleanups at once, each under containerd's 5 s
-budget), all of them loading at once on a small node share the CPU so evenly
-that none finishes in time: on 2 cores, 49 of 50 simultaneous deletes ran out of
-their deadline (docs/storm.md); with these slots, 1 leaked (stock runc: 24).
+Starting a delete costs ~45 ms of CPU (an interpreter, the delete path's imports,
+the runtime as a child, the cgroup reads). When a node's pods die together
+(hundreds of dead-shim cleanups at once, each under containerd's 5 s budget), a
+2-core node is already saturated by the runtimes alone: stock runc keeps 8-10 of
+its 10 CPU seconds busy in those 5 s (docs/storm.md). Whatever runc-guard adds
+comes out of the runtimes' budget.
 
-So only ``2 x CPUs`` deletes load at once: each holds an flock on one slot file
-while it imports and lets go once loaded (the waiting for cgroups that follows
-costs no CPU). The others sleep until a slot frees up, for at most MAX_WAIT:
-past that the node is overloaded and runc-guard steps aside, exec'ing the
-runtime exactly as it would have run alone (never more harm than the runtime;
-the sweep finishes what it leaks). Waiting until the deadline instead made
-every dead-shim cleanup of a storm take ~4 s. One delete at a time, the common
-case, takes its slot with one open and one flock.
+So each delete of a known container holds an flock on one slot file for its whole
+run (closed with the process), and a delete that finds every slot taken steps
+aside at once and marks a storm (the mtime of ``<slots>/storm``): for STORM_HOLD
+seconds after that every delete steps aside without trying the slots, so that a
+storm puts only its first few deletes on the full path, not one more each time a
+slot frees up. A step-aside: it execs the runtime exactly as it would have run alone (never more
+harm than the runtime) and leaves an aside record, which the finisher completes
+once containerd is done. Waiting for a slot instead cost the stepped-aside
+runtimes their budget: with slots held only while loading and a wait of up to
+1 s, runc-guard left containerd more unfinished tasks than stock in 4 of 7
+200-crash storms, almost all of them deletes that stepped aside after 1.1-1.6 s
+of waiting. One delete at a time, the common case, takes its slot with one open
+and one flock per slot file it tries.
 
 The launcher (launcher/admit.c) applies this same rule in C before any
 interpreter starts, and hands the slot it took to the Python entry; these
@@ -27,29 +31,53 @@ from __future__ import annotations
 import os
 import time
 
-#: How often a delete waiting for a slot looks again: each look tries every slot
-#: (open + flock), and in a storm hundreds of deletes look at once.
-POLL = 0.05
-#: Longest wait for a slot before stepping aside (seconds): a quarter of the
-#: default deadline, so a delete that got a slot late still has time to finish.
-MAX_WAIT = 1.0
-#: No slot wait goes past this share of the deadline, counted from containerd's start of the
-#: budget: a delete that steps aside later leaves the runtime alone too little of containerd's
-#: 5 s. In a 200-crash storm on 2 busy cores, 100 deletes that stepped aside 1.7-3.8 s into
-#: the budget were all SIGKILLed at 5 s with their runtime still running, and containerd never
-#: finished those tasks (docs/storm.md).
-WAIT_SHARE = 0.5
 #: Less than this share of the deadline left when a delete starts (its shim waited for
 #: a CPU that long; 1 s of the default 4): step aside at once. Killed by containerd at
 #: 5 s, a shim's delete leaves the task behind for good; the runtime alone is faster.
 MIN_BUDGET_SHARE = 0.25
 
 
+#: How long after a delete found every slot held the others step aside at once: containerd's
+#: dead-shim cleanup budget, within which a storm's deletes arrive. Only a full set of slots
+#: renews it (not a step-aside it caused), so a busy node's steady trickle never keeps it on.
+STORM_HOLD = 5.0
+#: The mark's name among the slot files.
+STORM_MARK = "storm"
+
+
+def storm_marked(directory: str, now: float | None = None) -> bool:
+    """Did a delete find every slot held within STORM_HOLD? (``now``: time.time())
+
+    The mark is a file's mtime, against the wall clock: a mark in the future (the clock
+    stepped back) or unreadable counts as no storm, which is runc-guard's usual path.
+    """
+    try:
+        marked = os.stat(os.path.join(directory, STORM_MARK)).st_mtime
+    except OSError:
+        return False
+    age = (time.time() if now is None else now) - marked
+    return 0.0 <= age < STORM_HOLD
+
+
+def mark_storm(directory: str) -> None:
+    """Every slot was held: the deletes of the next STORM_HOLD seconds step aside at once."""
+    try:
+        fd = os.open(os.path.join(directory, STORM_MARK), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    try:
+        os.utime(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def reply_margin(timeout: float, finishing: bool, lag: float, left: float) -> float:
     """How much earlier than ``timeout`` a delete replies when a finisher completes the rest.
 
     ``lag``: how long containerd's budget ran before the delete could begin (the
-    shim's start, the interpreter, a start-up slot); the work containerd's shim
+    shim's start, the interpreter); the work containerd's shim
     still does after the reply waits for a CPU that long too, so half of it moves
     the reply earlier. ``left``: what is left of the un-margined budget. The
     margin never leaves the runtime less than MIN_BUDGET_SHARE of ``timeout``
@@ -82,33 +110,27 @@ def slots() -> int:
     return max(2, 2 * cpus)
 
 
-def acquire(directory: str, deadline: float, count: int | None = None) -> int | None:
-    """An fd holding one slot's flock (close it to let go); -1 when slots cannot be used
-    here (no writable directory: go on without); None when ``deadline`` (time.monotonic)
-    passed first."""
+def acquire(directory: str, count: int | None = None) -> int | None:
+    """An fd holding one free slot's flock (close it to let go; close-on-exec, so no
+    runtime or helper inherits it); -1 when slots cannot be used here (no writable
+    directory: go on without); None when every slot is held."""
     import fcntl
 
     count = slots() if count is None else count
+    fd = -1
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
-        fds = [
-            os.open(os.path.join(directory, f"slot-{i}"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            for i in range(count)
-        ]
+        for i in range(count):
+            fd = os.open(os.path.join(directory, f"slot-{i}"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                fd = -1
+                continue
+            return fd
     except OSError:
-        return -1
-    try:
-        while True:
-            for fd in fds:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue
-                fds.remove(fd)
-                return fd
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(POLL)
-    finally:
-        for fd in fds:
+        if fd >= 0:
             os.close(fd)
+        return -1
+    return None
