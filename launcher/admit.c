@@ -10,7 +10,8 @@
  *   - the budget's origin and the caller (procinfo.py delete_caller): our start, or a
  *     dead-shim cleanup's start when our parent is `containerd-shim... delete`;
  *   - too little of the deadline left (MIN_BUDGET_SHARE): step aside at once;
- *   - a storm marked (every slot held less than STORM_HOLD ago): step aside at once;
+ *   - a storm marked (every slot held less than STORM_HOLD ago): step aside at once, a
+ *     dead-shim cleanup renewing the mark;
  *   - otherwise take a free one of 2 x CPUs delete slots (flock), held for the whole delete;
  *     a slot: load the delete path (the Python entry, the slot handed over); every slot held:
  *     mark a storm and step aside at once (a wait here cost the stepped-aside runtimes their
@@ -648,6 +649,8 @@ enum admit_verdict admit(const char *id, const char *raw_root, const char *runti
 		return ADMIT_ASIDE;
 	}
 	if (storm_marked(s->cache_dir)) {
+		if (strcmp(out->role, "dead_shim") == 0) /* startup.STORM_HOLD: the storm goes on */
+			mark_storm(s->cache_dir);
 		snprintf(reason, sizeof(reason),
 			 "a storm of deletes is running (every slot was held less than %g s ago); runc-guard"
 			 " stepped aside and ran the runtime alone (the finisher or the sweep completes what it"

@@ -221,8 +221,9 @@ def test_all_slots_taken_steps_aside_in_c(node: Node) -> None:
 def test_a_full_set_of_slots_marks_a_storm_for_five_seconds(node: Node, door: str) -> None:
     """Once a delete found every slot held, the deletes of the next STORM_HOLD seconds step
     aside at once even when a slot is free (a storm's full path stays its first few deletes);
-    a mark older than that, or in the future (the clock stepped back), admits as usual. The
-    Python entry (a RUNC_GUARD_* timeout makes the launcher leave it the decision) alike."""
+    a dead-shim cleanup stepping aside renews the mark, another caller does not; a mark older
+    than that, or in the future (the clock stepped back), admits as usual. The Python entry (a
+    RUNC_GUARD_* timeout makes the launcher leave it the decision) alike."""
     extra = {} if door == "launcher" else {"RUNC_GUARD_DELETE_TIMEOUT": "1.0"}
     mark = os.path.join(node.cache, "startup", startup.STORM_MARK)
     aside = ([] if door == "launcher" else [PY]) + ["runtime-a"]
@@ -239,6 +240,11 @@ def test_a_full_set_of_slots_marks_a_storm_for_five_seconds(node: Node, door: st
     record = node.aside()
     assert record is not None and str(record["reason"]).startswith(
         f"a storm of deletes is running (every slot was held less than {startup.STORM_HOLD:g} s ago);")
+    assert os.stat(mark).st_mtime == marked  # an unknown caller's step-aside does not renew it
+    shim = ["containerd-shim-runc-v2", "-namespace", "k8s.io", "-id", "c1", "-address", "/x", "delete"]
+    status, execs = node.delete(parent=shim, **extra)
+    assert status == 0 and [a[0] for a in execs["main"]] == aside
+    assert os.stat(mark).st_mtime > marked  # a dead-shim cleanup's does: the storm goes on
     for offset in (-startup.STORM_HOLD - 1, 3600.0):
         os.utime(mark, (time.time() + offset, time.time() + offset))
         status, execs = node.delete(**extra)

@@ -155,7 +155,7 @@ def test_what_the_admission_admits_the_delete_can_still_run(
     settings = Settings(cache_dir=cache, delete_timeout=4.0, finish_window=30.0)
     args = ["--root", str(tmp_path), "delete", "--force", "c1"]
     origin = time.monotonic() - lag
-    slot = entry._startup_slot(parse(args), settings, os.environ, origin, "/bin/true")
+    slot = entry._startup_slot(parse(args), settings, os.environ, origin, "/bin/true", "unknown")
     assert (slot is not None, bool(stepped)) == (admitted, not admitted)
     if admitted:
         run = DeleteRun(parse(args), args, "/bin/true", settings, started=origin)

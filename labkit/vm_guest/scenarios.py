@@ -492,7 +492,7 @@ def node_tools(ids: list[str]) -> dict[str, object]:
     audit = sh("runc-guardctl", "audit", check=False, timeout=300)
     sweep = sh("runc-guardctl", "sweep", "--min-age", "0", check=False, timeout=300)
     after = sh("runc-guardctl", "audit", check=False, timeout=300)
-    metrics = sh("runc-guardctl", "metrics", check=False, timeout=120)
+    metrics = sh("runc-guardctl", "metrics", check=False, timeout=300)  # as audit: TCG beside a busy host
     wanted = ("runc_guard_deletes_total", "runc_guard_leaked", "runc_guard_pending", "runc_guard_orphan")
     return {
         "audit_rc": audit.returncode, "audit": audit.stdout.strip().splitlines()[:12],

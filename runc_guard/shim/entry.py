@@ -74,12 +74,12 @@ def _known_to_anyone(invocation: argv_mod.Invocation, settings: Settings) -> boo
 
 def _startup_slot(
     invocation: argv_mod.Invocation, settings: Settings, environ: os._Environ[str], origin: float | None,
-    runtime: str,
+    runtime: str, caller: str,
 ) -> int | None:
     """A delete slot, held until this delete ends (see runc_guard.shim.startup).
 
-    ``origin``: when containerd's budget started (procinfo.deadline_origin).
-    None: the node is overloaded (too little of the budget left, or every slot
+    ``origin``, ``caller``: when containerd's budget started and who runs the delete
+    (procinfo.delete_caller). None: the node is overloaded (too little of the budget left, or every slot
     held); the caller steps aside and execs the runtime, exactly as it would have
     run without runc-guard.
     """
@@ -112,6 +112,8 @@ def _startup_slot(
         return None
     directory = os.path.join(settings.cache_dir, "startup")
     if storm_marked(directory):
+        if caller == CALLERS[0]:  # a dead-shim cleanup: the storm goes on
+            mark_storm(directory)
         _report_overloaded(
             invocation,
             settings,
@@ -289,12 +291,12 @@ def main(noted: list[int] | None = None) -> int:
     elif admitted is not None:
         slot, origin, caller = admitted  # the launcher's start-up admission (launcher/admit.c)
     elif invocation.is_delete and _known_to_anyone(invocation, settings):
-        from runc_guard.procinfo import deadline_origin
+        from runc_guard.procinfo import delete_caller
 
         # Read once (the parent's /proc entries): the admission and the delete's deadline share it.
-        origin = deadline_origin()
+        caller, origin = delete_caller()
         try:
-            slot = _startup_slot(invocation, settings, environ, origin, runtime)
+            slot = _startup_slot(invocation, settings, environ, origin, runtime, caller)
         except Exception as exc:  # noqa: BLE001 - runc-guard's own fault: the runtime alone, as without it
             reason = f"the delete's admission failed ({exc!r}): ran the runtime alone"
             _journal(environ, "startup_failed", reason, 3)

@@ -10,11 +10,12 @@ comes out of the runtimes' budget.
 So each delete of a known container holds an flock on one slot file for its whole
 run (closed with the process), and a delete that finds every slot taken steps
 aside at once and marks a storm (the mtime of ``<slots>/storm``): for STORM_HOLD
-seconds after that every delete steps aside without trying the slots, so that a
-storm puts only its first few deletes on the full path, not one more each time a
-slot frees up. A step-aside: it execs the runtime exactly as it would have run alone (never more
-harm than the runtime) and leaves an aside record, which the finisher completes
-once containerd is done. Waiting for a slot instead cost the stepped-aside
+seconds after that every delete steps aside without trying the slots, each
+dead-shim cleanup among them renewing the mark, so that a storm puts only its
+first few deletes on the full path, not one more each time a slot frees up. A
+step-aside execs the runtime exactly as it would have run alone (never more harm
+than the runtime) and leaves an aside record, which the finisher completes once
+containerd is done. Waiting for a slot instead cost the stepped-aside
 runtimes their budget: with slots held only while loading and a wait of up to
 1 s, runc-guard left containerd more unfinished tasks than stock in 4 of 7
 200-crash storms, almost all of them deletes that stepped aside after 1.1-1.6 s
@@ -38,8 +39,11 @@ MIN_BUDGET_SHARE = 0.25
 
 
 #: How long after a delete found every slot held the others step aside at once: containerd's
-#: dead-shim cleanup budget, within which a storm's deletes arrive. Only a full set of slots
-#: renews it (not a step-aside it caused), so a busy node's steady trickle never keeps it on.
+#: dead-shim cleanup budget. A full set of slots renews it, and so does a dead-shim cleanup
+#: that steps aside for it (a storm's own deletes keep arriving for longer than 5 s: with a
+#: full set alone renewing it, the slots freed between arrivals put 55 of 200 on the full
+#: path); a serving shim's delete never does, so a node's steady churn of ordinary deletes
+#: never keeps it on.
 STORM_HOLD = 5.0
 #: The mark's name among the slot files.
 STORM_MARK = "storm"
