@@ -1,7 +1,7 @@
 """The spool of delete entries: one file per delete, in ``<cache_dir>/spool``, sent later.
 
 Written by the delete (and the shim's step-aside) before they exit, read by the
-one reporter that holds the spool's flock (``logs.drain_spool``) and by the
+one reporter that holds the spool's flock (``reporter.drain_spool``) and by the
 sweep. A file appears by rename, so it is never seen half-written. The format
 is ``marshal`` (a builtin: the shim's step-aside in a crash storm must not pay
 for ``json``'s import); like the settings cache, a file is read only if it is

@@ -66,7 +66,7 @@ def test_runc_guard_leaves_nothing(shim_binary: str, workdir: str) -> None:
 def test_a_real_delete_loads_nothing_heavy_before_it_exits(python_entry: str, workdir: str) -> None:
     """The whole delete (wait, runc, removal, stats, spool, reporter hand-over) as the launcher
     runs it, under ``-X importtime``: none of the modules test_layout keeps off the path is
-    imported, lazily either (the reporter loads structlog in its own interpreter)."""
+    imported, lazily either."""
     from tests.test_layout import NOT_BEFORE_THE_REPLY
 
     imports = os.path.join(workdir, "importtime.txt")

@@ -16,9 +16,9 @@ import pytest
 import runc_guard.delete.report as report_mod
 from runc_guard.delete.aside import OVERLOAD, iter_aside, write_aside
 from runc_guard.delete.pending import Claim, PendingRecord, record_path, write_record
-from runc_guard.logs import drain_spool
 from runc_guard.node.finisher import Finisher, run
 from runc_guard.procinfo import start_time
+from runc_guard.reporter import drain_spool
 from tests.fakes import FakeCgroupFs, FakeClock
 from tests.test_delete_unit import DEAD_PID, DEAD_START, Lab, mounts
 

@@ -17,7 +17,7 @@ import pytest
 from labkit.kernel import read_jsonl, script, spool_lock_holder, spool_reporters, wait_for, wait_reported
 from labkit.scenario import guard_env
 from runc_guard.delete.report import EventLog
-from runc_guard.logs import drain_spool
+from runc_guard.reporter import drain_spool
 from runc_guard.spool import pending_files, spool_dir, try_lock, write_spool
 
 # -- the spool, in process ------------------------------------------------------------------

@@ -101,13 +101,13 @@ def one_hierarchy(mounts: list[str]) -> str:
     raise AssertionError(f"no usable hierarchy in {mounts}")
 
 
-def sweep(trees: Trees, tmp_path: Path, *args: str, prefix: tuple[str, ...] = ()) -> str:
+def sweep(trees: Trees, tmp_path: Path, *args: str, prefix: tuple[str, ...] = (), **env: str) -> str:
     argv = [
         *prefix, CTL, "sweep",
         "--kubepods", f"{trees.parent}/kubepods", "--kubepods", f"{trees.parent}/kubepods.slice",
         *own_roots(tmp_path), *args,
     ]
-    done = subprocess.run(argv, capture_output=True, text=True, env=own_env(tmp_path),
+    done = subprocess.run(argv, capture_output=True, text=True, env=own_env(tmp_path, **env),
                           timeout=240, check=False)
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -178,8 +178,10 @@ def test_sweep_removes_exactly_the_orphans(trees: Trees, tmp_path: Path) -> None
     assert len(would) == expected
     assert set(would) == incident.orphan_ids
 
+    no_journald = str(tmp_path / "no-journald.socket")  # the canonical entry goes to the fallback file
     report = json.loads(sweep(trees, tmp_path, "--pacing", "fixed", "--batch", "4000", "--pause", "0.2",
-                              "--max-sys-percent", "100", "--format", "json"))
+                              "--max-sys-percent", "100", "--format", "json",
+                              RUNC_GUARD_JOURNAL_SOCKET=no_journald))
     after = trees.snapshot()
     gone = before - after
     assert all(os.path.basename(d) in incident.orphans for d in gone)
@@ -207,6 +209,11 @@ def test_sweep_removes_exactly_the_orphans(trees: Trees, tmp_path: Path) -> None
         assert later["started"] >= earlier["finished"] + 0.2 - 0.001  # timings are rounded to ms
     state = json.loads((tmp_path / "run" / "metrics-state.json").read_text())
     assert (state["sweep"]["runs"], state["sweep"]["dirs_removed"]) == (1, expected * hierarchies)
+    entries = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    [entry] = [e for e in entries if e["event"] == "sweep"]  # the dry run logs none
+    assert (entry["level"], entry["removed"]) == ("info", expected)
+    assert entry["dirs_removed"] == expected * hierarchies
+    assert set(entry["removed_ids"]) == incident.orphan_ids and entry["kept"] == report["kept"]
 
 
 def test_sweep_slows_down_while_sys_percent_is_high(trees: Trees, tmp_path: Path) -> None:

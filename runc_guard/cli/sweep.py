@@ -204,6 +204,7 @@ def sweep(
             report = sweeper.run(discovery)
             report.aside_cleared = _prune_aside(settings)
         _count(settings, report)
+        _journal(settings, report)
         _send_spooled(settings)
     if fmt == "json":
         click.echo(json.dumps(report.as_dict(), indent=1, sort_keys=True))
@@ -235,10 +236,40 @@ def _prune_aside(settings: Settings) -> int:
 
 def _send_spooled(settings: Settings) -> None:
     """Send delete entries a reporter never got to (it was killed, or fork failed)."""
-    from runc_guard.logs import drain_spool
+    from runc_guard.reporter import drain_spool
     from runc_guard.spool import spool_dir
 
     drain_spool(spool_dir(settings.cache_dir), linger=0)
+
+
+#: The report's scalar facts that the sweep's canonical journal entry carries as they are.
+_JOURNAL_FACTS = ("found", "candidates", "removed", "dirs_removed", "gone", "records_cleared",
+                  "aside_cleared", "memcg_reclaimed_kb", "memcg_left", "pacing")
+
+
+def journal_entry(report: SweepReport) -> dict[str, Any]:
+    """The sweep's one canonical entry (``EVENT=sweep``): what it removed and why it kept the rest."""
+    entry: dict[str, Any] = {name: getattr(report, name) for name in _JOURNAL_FACTS}
+    entry.update(
+        kept=dict(report.kept),
+        redriven=len(report.redriven),
+        errors=len(report.errors),
+        duration_ms=round(report.duration * 1000),
+        slowed_ms=round(report.slowed * 1000),
+        removed_ids=[c["id"] for c in report.containers if c.get("action") == "removed"],
+    )
+    if report.errors:
+        entry["reason"] = report.errors[0]
+    return entry
+
+
+def _journal(settings: Settings, report: SweepReport) -> None:
+    """One entry per sweep to journald (the fallback file without it), through structlog."""
+    from runc_guard.logs import operator_logger
+
+    log = operator_logger(settings.journal_socket, settings.log_file, settings.log_level)
+    facts = journal_entry(report)
+    (log.warning if report.errors else log.info)("sweep", **facts)
 
 
 def _count(settings: Settings, report: SweepReport) -> None:

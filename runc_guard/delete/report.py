@@ -5,7 +5,7 @@ for an operator, later. So the delete path collects its entries as plain dicts
 (``EventLog``, no structlog on containerd's critical path), writes them into one
 spool file (tmpfs, atomic rename) before it exits, and, unless a reporter is
 already running, spawns one in a session of its own with /dev/null for stdio.
-The reporter (``logs.reporter_main``) renders them through structlog to journald.
+The reporter (``reporter.reporter_main``) sends them to journald.
 
 One reporter drains for everybody: it holds the spool's lock, lingers for more
 entries and re-checks after it lets go, so a delete that finds the lock held
@@ -73,7 +73,7 @@ class EventLog:
 
 #: The reporter's program: a fresh interpreter, runc-guard found where this process found it.
 _REPORTER = (
-    "import sys; sys.path.insert(0, sys.argv[1]); from runc_guard.logs import reporter_main;"
+    "import sys; sys.path.insert(0, sys.argv[1]); from runc_guard.reporter import reporter_main;"
     " reporter_main(sys.argv[2], float(sys.argv[3]), 3)"
 )
 #: The fd a detached helper finds its lock on, already taken for it.
