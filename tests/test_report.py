@@ -55,6 +55,25 @@ def test_spooled_entries_are_sent_then_unlinked(tmp_path: Any) -> None:
     assert pending_files(spool) == []
 
 
+def test_a_detached_reporter_sends_without_the_site(tmp_path: Any) -> None:
+    """The reporter a delete detaches runs ``python -IS`` (no site, no third-party package) and
+    still finds runc-guard where its caller did: the entry arrives, the spool empties."""
+    from runc_guard.delete.report import _REPORTER, _helper_argv, detach_reporter
+
+    assert _helper_argv(_REPORTER, [])[1] == "-IS"
+    tmp = str(tmp_path)
+    spool = spool_dir(os.path.join(tmp, "cache"))
+    log = EventLog("info", {"container_id": "c2"})
+    log.info("delete", outcome="removed")
+    write_spool(spool, log.entries, _sink(tmp))
+    pid = detach_reporter(spool, 0.0)
+    assert pid > 0
+    os.waitpid(pid, 0)
+    (entry,) = read_jsonl(os.path.join(tmp, "events.jsonl"))
+    assert (entry["event"], entry["container_id"]) == ("delete", "c2")
+    assert pending_files(spool) == []
+
+
 def test_unreadable_or_foreign_spool_files_are_dropped_not_stuck(tmp_path: Any) -> None:
     """A spool file that does not parse, or that others could have written (never unmarshalled),
     is removed, so it cannot stall every later entry."""
