@@ -9,6 +9,7 @@ import pytest
 
 from runc_guard.settings import DEFAULT_DELETE_TIMEOUT, load
 from runc_guard.shim.startup import MIN_BUDGET_SHARE, acquire, delete_deadline, slots
+from tests.hermetic import own_env
 
 
 def test_slots_are_taken_and_given_back(tmp_path: object) -> None:
@@ -85,14 +86,14 @@ def test_overloaded_delete_steps_aside_to_the_runtime(shim_binary: str, tmp_path
     with open(runtime, "w") as f:
         f.write(f'#!/bin/sh\necho "$@" > {argv_file}\nexit 3\n')
     os.chmod(runtime, 0o755)
-    env = {
-        "PATH": os.environ["PATH"],
-        "RUNC_GUARD_RUNTIME": runtime,
-        "RUNC_GUARD_CONFIG": os.path.join(tmp, "none.toml"),
-        "RUNC_GUARD_CACHE_DIR": cache,
-        "RUNC_GUARD_PENDING_DIR": os.path.join(tmp, "pending"),
-        "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(tmp, "no-journald"),
-    }
+    # Every path in tmp (the step-aside's entry must not reach the node's own log file).
+    env = own_env(
+        tmp, {"PATH": os.environ["PATH"]},
+        RUNC_GUARD_RUNTIME=runtime,
+        RUNC_GUARD_CACHE_DIR=cache,
+        RUNC_GUARD_PENDING_DIR=os.path.join(tmp, "pending"),
+        RUNC_GUARD_JOURNAL_SOCKET=os.path.join(tmp, "no-journald"),
+    )
     try:
         started = time.monotonic()
         proc = subprocess.run(
