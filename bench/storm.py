@@ -257,8 +257,10 @@ def main() -> int:
                 result = storm(lab, ns, binary, delays, args.settle)
                 dirs_series[label] = result["dirs_over_time"]
                 states_series[label] = result["states_over_time"]
-                waited = [int(s["waited_ms"]) for s in result["stats"]]
-                cpu = [int(s.get("cpu_ms", 0)) for s in result["stats"]]
+                # The deletes' own lines: the finisher's finished_late lines are no delete's wait or CPU.
+                own = [s for s in result["stats"] if s.get("outcome") != "finished_late"]
+                waited = [int(s["waited_ms"]) for s in own]
+                cpu = [int(s.get("cpu_ms", 0)) for s in own]
                 outcomes: dict[str, int] = {}
                 for s in result["stats"]:
                     outcomes[str(s["outcome"])] = outcomes.get(str(s["outcome"]), 0) + 1
@@ -343,14 +345,16 @@ def why_unfinished(lab: cl.GuardedLab, ids: list[str]) -> None:
 
 
 def paths_taken(settings: dict[str, str], ids: set[str]) -> str:
-    """How each delete went, by runc-guard's own entries: its full path (a ``delete`` entry),
-    stepped aside at start-up (``startup_overloaded``), or no entry at all (killed with
-    containerd's shim before it could log or exec the runtime)."""
+    """How each delete went, by runc-guard's own entries: its full path (a ``delete`` entry of
+    the delete itself), stepped aside at start-up (``startup_overloaded``), or no entry at all
+    (killed with containerd's shim before it could log or exec the runtime). The finisher's
+    later ``delete`` entry (``finished_late``) is not the delete's path: a stepped-aside delete
+    it completed counts as stepped aside."""
     full: set[str] = set()
     aside: set[str] = set()
     for entry in cl.guard_events(settings):
         cid = str(entry.get("container_id"))
-        if entry.get("event") == "delete":
+        if entry.get("event") == "delete" and entry.get("outcome") != "finished_late":
             full.add(cid)
         elif entry.get("event") == "startup_overloaded":
             aside.add(cid)
