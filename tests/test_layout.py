@@ -113,9 +113,9 @@ def _imports(path: str) -> list[str]:
 @pytest.mark.parametrize(
     ("room", "forbidden"),
     [
-        ("delete", ("runc_guard.node", "runc_guard.cli")),
+        ("delete", ("runc_guard.node", "runc_guard.cli", "runc_guard.logs")),
         ("node", ("runc_guard.cli",)),
-        ("shim", ("runc_guard.node", "runc_guard.cli")),
+        ("shim", ("runc_guard.node", "runc_guard.cli", "runc_guard.logs")),
     ],
 )
 def test_no_import_runs_against_the_layout(room: str, forbidden: tuple[str, ...]) -> None:
