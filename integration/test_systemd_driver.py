@@ -6,6 +6,11 @@ started by ``ctr run --runc-systemd-cgroup`` in a kubelet-style pod slice
 (``kubepods-burstable-pod<uid>.slice:cri-containerd:<id>``), host PID, three
 children held by a frozen freezer cgroup inside the machine's own freezer
 hierarchy. The figures of every scenario are printed in pytest's summary.
+
+A second machine, the same root running containerd 2.2.2 with its own shim
+(``machine_22``, from ``RUNC_GUARD_TEST_RUNTIMES``), serves only the tests
+that name it: the finisher's heal and its stock control, on the containerd
+that ships runc 1.3.4. It boots when the first of them runs.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from collections.abc import Iterator
 import pytest
 
 from integration.conftest import SUMMARY_KEY
+from labkit import containerd as cl
 from labkit import prereq, runtimes
 from labkit import systemd as sl
 from labkit.kernel import unique, wait_for
@@ -29,22 +35,47 @@ pytestmark = pytest.mark.kernel
 V1_CONTROLLERS = ["blkio", "cpu", "cpuacct", "cpuset", "devices", "freezer", "memory", "pids"]
 
 
-@pytest.fixture(scope="module")
-def machine(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[sl.Machine]:
-    """The booted lab machine (built once per cache key, booted once here, always stopped)."""
+def booted(
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config, containerd: str
+) -> Iterator[sl.Machine]:
+    """A booted lab machine running ``containerd`` (the root built once per cache key, always stopped)."""
     prereq.require_none(sl.missing())
     image = sl.ensure_image()
     base = str(tmp_path_factory.mktemp("rgsd"))
-    with sl.booted_machine(base, image) as m:
+    with sl.booted_machine(base, image, containerd=containerd) as m:
         built = "cached" if image.build_s is None else f"{image.build_s:.1f} s now"
         pytestconfig.stash[SUMMARY_KEY].append(
-            f"systemd lab: debootstrap {image.recorded_build_s:.1f} s ({built}), boot {m.boot_s:.2f} s"
+            f"systemd lab (containerd {m.containerd_version()}): debootstrap {image.recorded_build_s:.1f} s"
+            f" ({built}), boot {m.boot_s:.2f} s"
         )
         yield m
 
 
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[sl.Machine]:
+    """The module's machine: Debian's containerd 1.6.20."""
+    yield from booted(tmp_path_factory, pytestconfig, cl.CONTAINERD_16)
+
+
+@pytest.fixture(scope="module")
+def machine_22(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[sl.Machine]:
+    """The same root running containerd 2.2.2 and its shim (absent runtimes: skip naming the setting)."""
+    cl.require_build(cl.CONTAINERD_22)
+    runc_134()
+    yield from booted(tmp_path_factory, pytestconfig, cl.CONTAINERD_22)
+
+
+@pytest.fixture(params=[cl.CONTAINERD_16, cl.CONTAINERD_22], ids=lambda name: f"containerd-{name}")
+def any_machine(request: pytest.FixtureRequest) -> sl.Machine:
+    """A test that must hold on both containerds: the module's machine, then the 2.2.2 one."""
+    name = "machine" if request.param == cl.CONTAINERD_16 else "machine_22"
+    found: sl.Machine = request.getfixturevalue(name)
+    return found
+
+
 @pytest.fixture
-def ns(machine: sl.Machine) -> str:
+def ns() -> str:
+    """A fresh containerd namespace (no machine of its own: tests name theirs)."""
     return unique("rgsd")
 
 
@@ -388,42 +419,6 @@ def test_guard_reports_before_containerds_kill_and_the_retry_finishes(
         sl.remove_task(task)
 
 
-def test_the_finisher_heals_a_6s_teardown_without_a_sweep(
-    machine: sl.Machine, ns: str, summary: list[str]
-) -> None:
-    """Teardown 6 s through runc-guard fronting runc 1.3.4, shipped defaults (the finisher on),
-    no retry and no sweep: within 60 s of the last process's death nothing is left.
-
-    The delete replies at its deadline with its record kept (the test above); the finisher it
-    detached waits until the cgroups are empty and no dead-shim cleanup runs, then re-runs the
-    runtime's delete for the kept state and removes the rest: 0 dirs, the scope collected (never
-    ``failed``), no runc state, no record, the delete's second entry ``finished_late``.
-    """
-    guard = needs("guard-1.3.4")
-    records_before = set(sl.pending_records(machine))
-    crash = sl.path_b(machine, ns, guard, delay=6.0)
-    task = crash.task
-    try:
-        released = time.monotonic()  # path_b returns once the held children are gone
-
-        def healed() -> bool:
-            return (not task.host_dirs() and not os.path.exists(task.runc_state())
-                    and set(sl.pending_records(machine)) == records_before)
-
-        done = wait_for(healed, 60, 0.5)
-        took = time.monotonic() - released
-        unit = task.unit_state()
-        outcomes = [s["outcome"] for s in sl.guard_stats(machine, task.id)]
-        summary.append(f"guard-1.3.4  6 s teardown, finisher: healed={done} after {took:.1f} s,"
-                       f" unit {unit.get('LoadState')}/{unit.get('ActiveState', '-')}, outcomes {outcomes}")
-        assert not [e for e in crash.containerd_errors if "signal: killed" in e]
-        assert done, (task.host_dirs(), os.path.exists(task.runc_state()), sl.pending_records(machine))
-        assert unit["LoadState"] == "not-found", unit
-        assert outcomes == ["deadline", "finished_late"], outcomes
-    finally:
-        sl.remove_task(task)
-
-
 def test_guard_leaves_a_private_pid_scope_as_stock_does(
     machine: sl.Machine, ns: str, summary: list[str]
 ) -> None:
@@ -497,3 +492,78 @@ def test_guard_deadline_near_the_budget_leaves_nothing_for_a_4s_teardown(
         assert not crash.containerd_errors
     finally:
         sl.remove_task(crash.task)
+
+
+# -- the finisher, on containerd 1.6.20 and 2.2.2 (last: the 2.2.2 machine boots for these) ----
+
+
+def test_the_finisher_heals_a_6s_teardown_without_a_sweep(
+    any_machine: sl.Machine, ns: str, summary: list[str]
+) -> None:
+    """Teardown 6 s through runc-guard fronting runc 1.3.4, shipped defaults (the finisher on),
+    no retry and no sweep: within 60 s of the last process's death nothing is left.
+
+    The delete replies at its deadline with its record kept
+    (``test_guard_reports_before_containerds_kill_and_the_retry_finishes``); the finisher it
+    detached waits until the cgroups are empty and no dead-shim cleanup runs, then re-runs the
+    runtime's delete for the kept state and removes the rest: 0 dirs, the scope collected (never
+    ``failed``, looked at every 0.5 s), no runc state, no record of the container, the delete's
+    second entry ``finished_late``. On containerd 1.6.20 and on 2.2.2 (its own shim; the
+    control: the test after this one).
+    """
+    machine = any_machine
+    guard = needs("guard-1.3.4")
+    crash = sl.path_b(machine, ns, guard, delay=6.0)
+    task = crash.task
+    try:
+        released = time.monotonic()  # path_b returns 0.5 s after the held children are gone
+        line(summary, f"guard-1.3.4  containerd {machine.containerd.build}", crash, machine)
+        states = [crash.unit.get("ActiveState", "-")]
+
+        def records() -> list[str]:  # this container's only: an earlier test's finisher may still run
+            return [r for r in sl.pending_records(machine) if r.startswith(f"{task.id}@")]
+
+        def healed() -> bool:
+            states.append(task.unit_state().get("ActiveState", "-"))
+            return not task.host_dirs() and not os.path.exists(task.runc_state()) and not records()
+
+        done = wait_for(healed, 60, 0.5)
+        took = time.monotonic() - released
+        unit = task.unit_state()
+        outcomes = [s["outcome"] for s in sl.guard_stats(machine, task.id)]
+        summary.append(f"guard-1.3.4  containerd {machine.containerd.build} 6 s teardown, finisher:"
+                       f" healed={done} {took:.1f} s after path_b returned, unit {unit.get('LoadState')}"
+                       f"/{unit.get('ActiveState', '-')} (seen: {','.join(dict.fromkeys(states))}),"
+                       f" outcomes {outcomes}")
+        assert not [e for e in crash.containerd_errors if "signal: killed" in e]
+        assert done, (task.host_dirs(), os.path.exists(task.runc_state()), records())
+        assert unit["LoadState"] == "not-found", unit
+        assert "failed" not in states, states
+        assert outcomes == ["deadline", "finished_late"], outcomes
+    finally:
+        sl.remove_task(task)
+
+
+def test_stock_runc_134_on_containerd_22_leaves_what_the_finisher_heals(
+    machine_22: sl.Machine, ns: str, summary: list[str]
+) -> None:
+    """Control of the finisher's test on containerd 2.2.2: the same 6 s crash through stock runc 1.3.4.
+
+    As on 1.6.20: runc waits on systemd's stop job, containerd 2.2.2 SIGKILLs the dead
+    shim's cleanup at 5 s (``failed to delete dead shim ... signal: killed``), the
+    scope ends ``failed`` (Result=timeout), every v1 controller keeps the scope's
+    directory, runc's state and the bundle stay; 10 s later nothing has changed.
+    """
+    crash = sl.path_b(machine_22, ns, needs("runc-1.3.4"), delay=6.0)
+    task = crash.task
+    try:
+        line(summary, "runc-1.3.4  containerd 2.2", crash, machine_22)
+        assert any("signal: killed" in e for e in crash.containerd_errors), task.containerd_lines()[-3:]
+        assert crash.hierarchies_left() == V1_CONTROLLERS
+        assert (crash.unit["ActiveState"], crash.unit["Result"]) == ("failed", "timeout")
+        assert crash.state_left and not crash.bundle_gone
+        time.sleep(10)  # nobody comes back for it: the finisher's heal took less than that
+        assert len(task.host_dirs()) == len(crash.dirs_left) and os.path.exists(task.runc_state())
+        assert task.unit_state()["ActiveState"] == "failed"
+    finally:
+        sl.remove_task(task)

@@ -27,7 +27,11 @@ containerd runs inside as Debian's own ``containerd.service`` with
 choice per task with ``--runc-systemd-cgroup``); journald runs inside too.
 runc-guard runs from the checkout, bound read-only at ``/opt/runc-guard``,
 under the machine's own python3. runc 1.3.4 (labkit.runtimes) is bound
-in at ``/opt/rg/runtimes``.
+in at ``/opt/rg/runtimes``, with the containerd 2.2.2 beside it:
+``booted_machine(..., containerd=CONTAINERD_22)`` runs that one instead of
+Debian's 1.6.20 (:func:`machine_containerd`: the same unit, a ``version = 3``
+config, a drop-in that puts its directory first on PATH so it starts its own
+shim), the way a node upgraded in place runs it.
 
 The machine is stopped with SIGRTMIN+4 to its PID 1 (systemd's "halt"), by pid,
 then the host side is cleaned: the nspawn cgroups (and everything left below
@@ -47,8 +51,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from labkit import containerd as cl
 from labkit import runtimes
-from labkit.containerd import read_stats
 from labkit.kernel import BUSYBOX, CGROUP_ROOT, FreezerHold, procs, shim_of, unique, wait_for
 
 NSPAWN = shutil.which("systemd-nspawn") or "/usr/bin/systemd-nspawn"
@@ -85,7 +89,7 @@ GUARD = f"{GUARD_BIN}/runc-guard"
 #: runc-guard under this name fronts runc 1.3.4 (``[runtimes]`` in its settings file).
 GUARD_134 = f"{GUARD_BIN}/runc-guard-134"
 MACHINE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#: containerd 1.6's dead-shim cleanup budget (io.containerd.timeout.shim.cleanup).
+#: containerd's dead-shim cleanup budget (io.containerd.timeout.shim.cleanup; 1.6 and 2.x alike).
 SHIM_CLEANUP_BUDGET_S = 5.0
 #: The lab's DefaultTimeoutStopSec: what a stuck scope gets before it is ``failed``.
 STOP_TIMEOUT_S = 5.0
@@ -267,13 +271,66 @@ from runc_guard.cli import main
 sys.exit(main())
 """
 
-CONTAINERD_CONFIG = """version = 2
-# The lab's containerd: the kubeadm-style systemd cgroup driver for CRI's runc.
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-    SystemdCgroup = true
-"""
+#: containerd's config inside the machine: Debian's default path, so ``runc-guardctl doctor`` reads it.
+CONTAINERD_CONFIG = "/etc/containerd/config.toml"
+DEBIAN_CTR = "/usr/bin/ctr"
+
+
+@dataclass(frozen=True)
+class MachineContainerd:
+    """The containerd the machine's ``containerd.service`` runs; paths as the machine sees them."""
+
+    #: labkit.containerd's build name (CONTAINERD_16: Debian's own, CONTAINERD_22: the runtimes').
+    build: str
+    ctr: str
+    #: The config's text (bound at CONTAINERD_CONFIG).
+    config: str
+    #: A drop-in for ``containerd.service`` that runs another binary; None: Debian's unit as it is.
+    drop_in: str | None = None
+
+
+def _runtimes_bind_source() -> str | None:
+    """The host directory bound at RUNTIMES_DIR: the one holding runc 1.3.4 (and containerd 2.2.2)."""
+    runc = runtimes.find(runtimes.RUNC_134)
+    return os.path.dirname(runc) if runc is not None else None
+
+
+def machine_containerd(name: str = cl.CONTAINERD_16) -> MachineContainerd:
+    """containerd ``name`` for the machine, configured the kubeadm way (``SystemdCgroup = true``).
+
+    Debian's 1.6.20 is in the root and runs as packaged. Another build (2.2.2) is a
+    file of the runtimes directory, which the machine sees at RUNTIMES_DIR; Debian's
+    unit runs it through a drop-in, as an in-place upgrade does (labkit/vm_guest/setup.py):
+    its directory first on PATH (containerd looks its shim up there: else it would find
+    Debian's 1.6 shim in /usr/bin) and ``ExecStart`` replaced, with a ``version = 3``
+    config. Its own ``ctr`` talks to it.
+    LookupError when the build is absent (a test asks ``labkit.containerd.require_build`` first).
+    """
+    if name == cl.CONTAINERD_16:
+        return MachineContainerd(name, DEBIAN_CTR, _containerd_config(cl.DEBIAN_BUILD.config_version))
+    build, bound = cl.find_build(name), _runtimes_bind_source()
+    if build is None or build.bin_dir is None or bound is None:
+        raise LookupError(f"containerd build {name} is not in the runtimes directory (set {runtimes.ENV})")
+
+    def inside(path: str) -> str:
+        relative = os.path.relpath(path, bound)
+        if relative.startswith(".."):
+            raise LookupError(f"{path} is not below {bound}, which the machine sees at {RUNTIMES_DIR}")
+        return os.path.normpath(os.path.join(RUNTIMES_DIR, relative))
+
+    drop_in = (
+        "[Service]\n"
+        f"Environment=PATH={inside(build.bin_dir)}:{MACHINE_PATH}\n"
+        "ExecStart=\n"
+        f"ExecStart={inside(build.containerd)} --config {CONTAINERD_CONFIG}\n"
+    )
+    return MachineContainerd(name, inside(build.ctr), _containerd_config(build.config_version), drop_in)
+
+
+def _containerd_config(version: int) -> str:
+    """The whole config: containerd's defaults but for the CRI's runc handler (its layout per ``version``)."""
+    header = "# The lab's containerd: the kubeadm-style systemd cgroup driver for CRI's runc.\n"
+    return f"version = {version}\n{header}{cl.cri_runc_handler(version, systemd_cgroup=True)}"
 
 
 def _write(path: str, text: str, mode: int = 0o644) -> None:
@@ -283,7 +340,7 @@ def _write(path: str, text: str, mode: int = 0o644) -> None:
     os.chmod(path, mode)
 
 
-def _prepare_binds(workdir: str) -> list[str]:
+def _prepare_binds(workdir: str, containerd: MachineContainerd) -> list[str]:
     """Files the machine sees through read-only binds; returns nspawn's --bind-ro flags."""
     control = os.path.join(workdir, "system.control")
     os.makedirs(os.path.join(control, "multi-user.target.wants"), exist_ok=True)
@@ -301,7 +358,9 @@ def _prepare_binds(workdir: str) -> list[str]:
         os.path.join(workdir, "system.conf.d", "lab.conf"),
         f"[Manager]\nDefaultTimeoutStopSec={int(STOP_TIMEOUT_S)}s\n",
     )
-    _write(os.path.join(workdir, "containerd", "config.toml"), CONTAINERD_CONFIG)
+    if containerd.drop_in is not None:
+        _write(os.path.join(control, "containerd.service.d", "build.conf"), containerd.drop_in)
+    _write(os.path.join(workdir, "containerd", "config.toml"), containerd.config)
     bindir = os.path.join(workdir, "rg-bin")
     _write(os.path.join(bindir, "runc-guard.py"), PY_ENTRY, 0o755)
     # The launcher, as every install path builds it (static: it runs in the machine's root).
@@ -317,12 +376,12 @@ def _prepare_binds(workdir: str) -> list[str]:
         f"{bindir}:{GUARD_BIN}",
         f"{control}:/etc/systemd/system.control",
         f"{workdir}/system.conf.d:/etc/systemd/system.conf.d",
-        f"{workdir}/containerd/config.toml:/etc/containerd/config.toml",
+        f"{workdir}/containerd/config.toml:{CONTAINERD_CONFIG}",
         f"{workdir}/runc-guard:/etc/runc-guard",
     ]
-    rt = runtimes.find(runtimes.RUNC_134)
-    if rt is not None:
-        binds.append(f"{os.path.dirname(rt)}:{RUNTIMES_DIR}")
+    bound = _runtimes_bind_source()
+    if bound is not None:
+        binds.append(f"{bound}:{RUNTIMES_DIR}")
     return [f"--bind-ro={b}" for b in binds]
 
 
@@ -364,6 +423,7 @@ class Machine:
     leader: int = 0
     boot_s: float = 0.0
     image: Image | None = None
+    containerd: MachineContainerd = field(default_factory=machine_containerd)
 
     # -- looking inside ----------------------------------------------------------------
 
@@ -401,7 +461,18 @@ class Machine:
     def ctr(
         self, namespace: str, *args: str, check: bool = True, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
-        return self.run("ctr", "-n", namespace, *args, check=check, timeout=timeout)
+        """The machine's containerd's own ``ctr`` (2.2.2's for 2.2.2)."""
+        return self.run(self.containerd.ctr, "-n", namespace, *args, check=check, timeout=timeout)
+
+    def containerd_answers(self) -> bool:
+        return self.run(self.containerd.ctr, "version", check=False).returncode == 0
+
+    def containerd_version(self) -> str:
+        """The server version ``ctr version`` reports: which containerd really runs."""
+        out = self.run(self.containerd.ctr, "version", check=False).stdout
+        server = out.split("Server:", 1)[-1]
+        versions = [ln.split(":", 1)[1].strip() for ln in server.splitlines() if "Version:" in ln]
+        return versions[0] if versions else "unknown"
 
     def systemctl(self, *args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
         return self.run("systemctl", "--no-pager", *args, check=check)
@@ -440,9 +511,10 @@ class Machine:
 
 
 def _boot(
-    image: Image, workdir: str, name: str, cgroups: HostCgroups, extra: tuple[str, ...] = ()
+    image: Image, workdir: str, name: str, cgroups: HostCgroups, containerd: MachineContainerd,
+    extra: tuple[str, ...] = (),
 ) -> subprocess.Popen[bytes]:
-    binds = _prepare_binds(workdir)
+    binds = _prepare_binds(workdir, containerd)
     join = "; ".join(f"echo $$ > {f}" for f in cgroups.procs_files())
     argv = [
         NSPAWN,
@@ -478,9 +550,17 @@ def _quote(arg: str) -> str:
 
 @contextlib.contextmanager
 def booted_machine(
-    base_dir: str, image: Image | None = None, boot_timeout: float = 60, extra: tuple[str, ...] = ()
+    base_dir: str,
+    image: Image | None = None,
+    boot_timeout: float = 60,
+    extra: tuple[str, ...] = (),
+    containerd: str = cl.CONTAINERD_16,
 ) -> Iterator[Machine]:
-    """Boot the lab machine, wait until systemd reports running and containerd answers; always stop."""
+    """Boot the lab machine, wait until systemd reports running and containerd answers; always stop.
+
+    ``containerd``: which one the machine runs (:func:`machine_containerd`; Debian's by default).
+    """
+    which = machine_containerd(containerd)  # an absent build fails here, before anything starts
     image = image or ensure_image()
     name = unique("rgsd")
     workdir = os.path.join(base_dir, name)
@@ -489,8 +569,8 @@ def booted_machine(
     machine: Machine | None = None
     try:
         started = time.monotonic()
-        proc = _boot(image, workdir, name, cgroups, extra)
-        machine = Machine(name, workdir, cgroups, proc, image=image)
+        proc = _boot(image, workdir, name, cgroups, which, extra)
+        machine = Machine(name, workdir, cgroups, proc, image=image, containerd=which)
         if not wait_for(lambda: proc.poll() is not None or _leader(proc.pid) is not None, boot_timeout, 0.01):
             raise RuntimeError("systemd-nspawn started no systemd")
         if proc.poll() is not None:
@@ -505,7 +585,7 @@ def booted_machine(
             raise RuntimeError(f"machine {name} did not boot:\n{machine.log()[-3000:]}")
         machine.boot_s = time.monotonic() - started
         install_rootfs(machine)
-        if not wait_for(lambda: machine.run("ctr", "version", check=False).returncode == 0, 30, 0.1):
+        if not wait_for(machine.containerd_answers, 30, 0.1):
             status = machine.systemctl("status", "containerd").stdout
             raise RuntimeError(f"containerd did not start in {name}:\n{status}")
         yield machine
@@ -869,12 +949,12 @@ def containerd_environment(machine: Machine, **variables: str) -> Iterator[None]
     finally:
         machine.systemctl("unset-environment", *variables)
         machine.systemctl("restart", "containerd")
-        wait_for(lambda: machine.run("ctr", "version", check=False).returncode == 0, 30, 0.1)
+        wait_for(machine.containerd_answers, 30, 0.1)
 
 
 def guard_stats(machine: Machine, container_id: str) -> list[dict[str, object]]:
     """runc-guard's stats lines inside the machine for one container (its own, not the last written)."""
-    return read_stats(machine.host_path(STATS_FILE), {container_id})
+    return cl.read_stats(machine.host_path(STATS_FILE), {container_id})
 
 
 def pending_records(machine: Machine) -> list[str]:
