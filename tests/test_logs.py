@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runc_guard.cli.sweep import journal_entry
+from runc_guard.cli.sweep import MAX_JOURNAL_IDS, journal_entry
 from runc_guard.logs import operator_logger
 from runc_guard.node.sweep import SweepReport
 
@@ -65,5 +65,8 @@ def test_the_sweep_entry_names_what_it_removed_and_why_it_kept_the_rest() -> Non
     assert entry["removed_ids"] == ["a" * 64] and entry["kept"] == {"populated": 1}
     assert (entry["found"], entry["dirs_removed"], entry["errors"], entry["duration_ms"]) == (4, 12, 1, 1234)
     assert entry["reason"] == "c: scope x.scope: failed"
-    assert json.loads(json.dumps(entry)) == entry
+    assert json.loads(json.dumps(entry)) == entry and "removed_ids_truncated" not in entry
+    report.containers = [{"id": f"{i:064x}", "action": "removed"} for i in range(MAX_JOURNAL_IDS + 1)]
+    entry = journal_entry(report)
+    assert len(entry["removed_ids"]) == MAX_JOURNAL_IDS and entry["removed_ids_truncated"] is True
 

@@ -242,6 +242,8 @@ def _send_spooled(settings: Settings) -> None:
     drain_spool(spool_dir(settings.cache_dir), linger=0)
 
 
+#: At most this many container ids in the entry (~70 bytes each): a datagram, not megabytes.
+MAX_JOURNAL_IDS = 500
 #: The report's scalar facts that the sweep's canonical journal entry carries as they are.
 _JOURNAL_FACTS = ("found", "candidates", "removed", "dirs_removed", "gone", "records_cleared",
                   "aside_cleared", "memcg_reclaimed_kb", "memcg_left", "pacing")
@@ -256,8 +258,12 @@ def journal_entry(report: SweepReport) -> dict[str, Any]:
         errors=len(report.errors),
         duration_ms=round(report.duration * 1000),
         slowed_ms=round(report.slowed * 1000),
-        removed_ids=[c["id"] for c in report.containers if c.get("action") == "removed"],
     )
+    removed = [c["id"] for c in report.containers if c.get("action") == "removed"]
+    # The incident's cleanup removed 8147 containers: the ids of the first ones, the count of all.
+    entry["removed_ids"] = removed[:MAX_JOURNAL_IDS]
+    if len(removed) > MAX_JOURNAL_IDS:
+        entry["removed_ids_truncated"] = True
     if report.errors:
         entry["reason"] = report.errors[0]
     return entry
