@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
 from collections.abc import Iterator
 
@@ -76,3 +77,14 @@ def _reporters_done(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if tmp is not None:
         wait_reported(os.path.join(tmp, "cache"))
+
+
+@pytest.fixture
+def journald(tmp_path: object) -> Iterator[tuple[str, socket.socket]]:
+    """A datagram socket standing in for journald's native one: (its path, the socket to read)."""
+    path = os.path.join(str(tmp_path), "journal.socket")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(5)
+    yield path, sock
+    sock.close()

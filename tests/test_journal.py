@@ -8,19 +8,7 @@ import socket
 import struct
 import time
 
-import pytest
-
 from runc_guard import journal
-
-
-@pytest.fixture
-def receiver(tmp_path: os.PathLike[str]):  # type: ignore[no-untyped-def]
-    path = os.path.join(tmp_path, "socket")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
-    sock.settimeout(5)
-    yield path, sock
-    sock.close()
 
 
 def test_encode_simple_and_binary_safe() -> None:
@@ -34,16 +22,16 @@ def test_field_names_are_normalised() -> None:
     assert journal.encode({"_hidden-key": 1}) == b"HIDDEN_KEY=1\n"
 
 
-def test_send_delivers_one_datagram(receiver) -> None:  # type: ignore[no-untyped-def]
+def test_send_delivers_one_datagram(journald) -> None:  # type: ignore[no-untyped-def]
     """A normal entry arrives as exactly one datagram."""
-    path, sock = receiver
+    path, sock = journald
     assert journal.send({"MESSAGE": "x", "CONTAINER_ID": "c1"}, path)
     assert sock.recv(65536) == b"MESSAGE=x\nCONTAINER_ID=c1\n"
 
 
-def test_oversized_entry_goes_by_memfd(receiver) -> None:  # type: ignore[no-untyped-def]
+def test_oversized_entry_goes_by_memfd(journald) -> None:  # type: ignore[no-untyped-def]
     """An entry too large for a datagram is passed as a sealed memfd, like libsystemd does."""
-    path, sock = receiver
+    path, sock = journald
     big = "x" * (4 << 20)
     assert journal.send({"MESSAGE": big}, path)
     fds = array.array("i")
@@ -64,19 +52,19 @@ def test_absent_journald_returns_false_fast(tmp_path: os.PathLike[str]) -> None:
     assert time.monotonic() - start < 1.0
 
 
-def test_full_journald_never_blocks(receiver) -> None:  # type: ignore[no-untyped-def]
+def test_full_journald_never_blocks(journald) -> None:  # type: ignore[no-untyped-def]
     """A receiver that never reads: sends fail (non-blocking) instead of hanging."""
-    path, _sock = receiver
+    path, _sock = journald
     results = [journal.send({"MESSAGE": "y" * 1000}, path) for _ in range(2000)]
     assert results[0] is True and results[-1] is False
 
 
-def test_the_reporter_waits_for_a_full_journald(receiver) -> None:  # type: ignore[no-untyped-def]
+def test_the_reporter_waits_for_a_full_journald(journald) -> None:  # type: ignore[no-untyped-def]
     """With ``wait`` (the reporter, off containerd's path) a full journald that catches up takes
     the entry instead of losing it to the fallback file."""
     import threading
 
-    path, sock = receiver
+    path, sock = journald
     while journal.send({"MESSAGE": "y" * 1000}, path):  # fill the queue (non-blocking sends)
         pass
     reader = threading.Timer(0.2, lambda: [sock.recv(1 << 16) for _ in range(10)])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -15,17 +14,6 @@ from runc_guard.node.sweep import SweepReport
 
 def _fields(datagram: bytes) -> dict[str, str]:
     return dict(line.split("=", 1) for line in datagram.decode().splitlines())
-
-
-@pytest.fixture
-def journald(tmp_path: Path):  # type: ignore[no-untyped-def]
-    """A datagram socket standing in for journald's."""
-    path = str(tmp_path / "journal.socket")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
-    sock.settimeout(5)
-    yield path, sock
-    sock.close()
 
 
 def test_an_operator_entry_reaches_journald_with_level_and_timestamp(journald, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -225,19 +225,9 @@ def test_a_named_root_never_touches_podmans_container(tmp_path: Path, containers
 # -- a private PID namespace -------------------------------------------------------------------
 
 
-@pytest.fixture
-def journal(tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
-    path = str(tmp_path / "journal.sock")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
-    sock.settimeout(5)
-    yield path, sock
-    sock.close()
-
-
 @pytest.mark.parametrize("mount_proc", [True, False], ids=["mount-proc", "host-proc"])
 def test_sweep_and_audit_refuse_in_a_private_pid_namespace(
-    tmp_path: Path, containers: list[Container], journal: tuple[str, socket.socket], mount_proc: bool
+    tmp_path: Path, containers: list[Container], journald: tuple[str, socket.socket], mount_proc: bool
 ) -> None:
     """Stock (285c279): the sweep re-ran runc delete --force for the running container; its state was
     gone, its process ran on. Now: exit 77 (sweep) / 2 (audit), one stderr line, a journal entry;
@@ -251,7 +241,7 @@ def test_sweep_and_audit_refuse_in_a_private_pid_namespace(
         "--runtime-root", str(tmp_path / "runc"), "--bundle-root", str(tmp_path / "bundles"),
         "--state-root", str(tmp_path / "flat"), "--min-age", "0", "--format", "json", *kubepods(running),
     ]  # fmt: skip
-    socket_path, sock = journal
+    socket_path, sock = journald
     unshare = [UNSHARE, "--pid", "--fork", *(["--mount-proc"] if mount_proc else [])]
     environ = env(tmp_path, RUNC_GUARD_JOURNAL_SOCKET=socket_path)
     sweep = subprocess.run([*unshare, CTL, "sweep", *where], capture_output=True, text=True,
