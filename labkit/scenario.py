@@ -33,6 +33,7 @@ from labkit.kernel import (
     read_lines,
     unique,
     wait_for,
+    wait_reported,
 )
 
 SANDBOX_TYPE = "io.kubernetes.cri.container-type"
@@ -223,6 +224,9 @@ def main() -> int:
             args.binary, workdir, args.hold, env, freezer_root=args.freezer_root,
             v2_frozen_first=args.v2_frozen_first,
         )  # fmt: skip
+        # The delete's detached reporter writes into workdir (the fallback file): let it finish
+        # first, or it races the directory's removal (ENOTEMPTY) and leaves what it wrote behind.
+        wait_reported(env["RUNC_GUARD_CACHE_DIR"], timeout=30)
     json.dump(result, sys.stdout)
     return 0
 
