@@ -35,12 +35,13 @@ def test_stock_runc_leaks_on_v2(unified: cl.GuardedLab) -> None:
     On v2 runc freezes the cgroup (cgroup.freeze) before its SIGKILL and waits up
     to 10 s for that; the v1 hold keeps it from completing, so here runc only
     kills once the hold is released and its single rmdir races the exits. It
-    loses nearly always (8 of 8 measured); three crashes make the control robust.
+    lost 8 of 8 measured on one machine, but 0 of 3 in one make test on a faster one: the
+    control crashes until stock leaks once, at most eight times.
     """
     lab = unified.containerd
-    leaked = []
+    leaked: list[int] = []
     with cl.namespace(lab) as ns:
-        for _ in range(3):
+        while len(leaked) < 8 and sum(leaked) == 0:
             crash = cl.path_b_crash(lab, ns, cl.STOCK_RUNC, delay=0.5)
             try:
                 assert crash.bundle_gone
