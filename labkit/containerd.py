@@ -74,6 +74,7 @@ from labkit.kernel import (
     wait_for,
     wait_reported,
 )
+from runc_guard.node.containerd_config import CRI_PLUGIN
 
 CONTAINERD = shutil.which("containerd") or "/usr/bin/containerd"
 CTR = shutil.which("ctr") or "/usr/bin/ctr"
@@ -134,10 +135,6 @@ class Build:
 #: Debian's containerd 1.6.20 with its runc 1.1.5: the lab's default.
 DEBIAN_BUILD = Build(CONTAINERD_16, CONTAINERD, CTR, 2, None, STOCK_RUNC)
 
-#: The CRI plugin that holds the runtime handlers, per config version: 2.x split the CRI
-#: into several plugins, and a ``version = 3`` config puts the handlers under this one.
-CRI_RUNTIME_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
-
 
 def cri_runc_handler(version: int, systemd_cgroup: bool) -> str:
     """The CRI's ``runc`` handler as a TOML fragment in config ``version``'s layout.
@@ -145,7 +142,7 @@ def cri_runc_handler(version: int, systemd_cgroup: bool) -> str:
     A node's driver choice (kubeadm's ``SystemdCgroup = true``) sits in a different
     table on 1.6 and 2.x: one writer for both keeps a lab's two configs the same node.
     """
-    table = f'plugins."{CRI_RUNTIME_PLUGIN[version]}".containerd.runtimes.runc'
+    table = f'plugins."{CRI_PLUGIN[version]}".containerd.runtimes.runc'
     return (
         f"[{table}]\n"
         '  runtime_type = "io.containerd.runc.v2"\n'
