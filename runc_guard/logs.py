@@ -12,15 +12,13 @@ Nothing is ever written to stdout.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
 
 from runc_guard.reporter import send_entry
-
-#: structlog's level names to the numbers its filtering logger compares.
-_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 
 class Sink:
@@ -43,6 +41,9 @@ def operator_logger(journal_socket: str, log_file: str, log_level: str = "info",
             structlog.processors.TimeStamper(fmt="%Y-%m-%dT%H:%M:%S.%fZ", utc=True),
             Sink(journal_socket, log_file),
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(log_level, 20)),
+        # structlog's filtering logger compares the stdlib's level numbers.
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping().get(log_level.upper(), logging.INFO)
+        ),
         cache_logger_on_first_use=False,
     ).bind(**context)
