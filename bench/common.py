@@ -40,18 +40,37 @@ def spawn_time(argv: Sequence[str], env: dict[str, str] | None = None) -> float:
     return elapsed
 
 
+def balanced_order(names: Sequence[str], per_name: int) -> list[str]:
+    """A run order in which every candidate follows every candidate (itself included) equally often.
+
+    A call's time depends on the call before it: a ``runc exec`` leaves up to ~1 ms of
+    teardown (its Go threads, the exec'd process) that the next call pays, a long
+    Python start leaves the CPUs idle and warm. A plain rotation (a b c, b c a,
+    c a b) has ``a`` after ``c`` in two rounds of three and after ``b`` never,
+    so one candidate systematically inherits another's tail. This order is a
+    de Bruijn cycle of pairs (the Lyndon words of length 1 and 2 in
+    lexicographic order), repeated: each ordered pair once per cycle, across
+    cycle boundaries too. ``per_name`` is rounded up to a multiple of ``len(names)``.
+    """
+    k = len(names)
+    cycle: list[int] = []
+    for first in range(k):
+        cycle.append(first)
+        for later in range(first + 1, k):
+            cycle += (first, later)
+    return [names[i] for i in cycle * -(-per_name // k)]
+
+
 def interleaved(candidates: dict[str, Sequence[str]], rounds: int,
                 env: dict[str, str] | None = None) -> dict[str, list[float]]:
-    """Run every candidate once per round, rotating the order; return all samples."""
+    """Run every candidate ``rounds`` times in a carryover-balanced order; return all samples."""
     names = list(candidates)
     samples: dict[str, list[float]] = {n: [] for n in names}
     for name in names:  # warm caches (page cache, settings cache, bytecode)
         for _ in range(3):
             spawn_time(candidates[name], env)
-    for i in range(rounds):
-        order = names[i % len(names):] + names[: i % len(names)]
-        for name in order:
-            samples[name].append(spawn_time(candidates[name], env))
+    for name in balanced_order(names, rounds):
+        samples[name].append(spawn_time(candidates[name], env))
     return samples
 
 

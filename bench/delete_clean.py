@@ -30,6 +30,7 @@ import uuid
 
 from bench.common import (
     PREFIX,
+    balanced_order,
     interleaved,
     median_ms,
     percentile_ms,
@@ -146,27 +147,27 @@ def delete_rounds(rounds: int, binaries: dict[str, str], workdir: str,
     leaks = dict.fromkeys(names, 0)
     failures = dict.fromkeys(names, 0)
     try:
-        for i in range(rounds + 2):  # the first two rounds only warm the caches
-            order = names[i % len(names):] + names[: i % len(names)]
-            for name in order:
-                cid = containers.make_stopped()
-                subreaper(True)
-                run = run_like_go_runc([binaries[name], "--root", containers.root, "--log",
-                                        os.path.join(workdir, f"{cid}.log.json"), "--log-format", "json",
-                                        "delete", "--force", cid], env)
-                subreaper(False)
-                if isolated:
-                    count, cpu = reap_orphans()
-                else:
-                    count, cpu = 0, 0.0
-                if i < 2:
-                    continue
-                series[name].elapsed.append(run.elapsed)
-                series[name].cpu.append(run.cpu)
-                series[name].reporters += count
-                series[name].reporter_cpu += cpu
-                failures[name] += run.status != 0
-                leaks[name] += containers.dirs_left(cid) > 0
+        # Two runs each only warm the caches; then one carryover-balanced order (common.balanced_order).
+        warm = [name for _ in range(2) for name in names]
+        for i, name in enumerate(warm + balanced_order(names, rounds)):
+            cid = containers.make_stopped()
+            subreaper(True)
+            run = run_like_go_runc([binaries[name], "--root", containers.root, "--log",
+                                    os.path.join(workdir, f"{cid}.log.json"), "--log-format", "json",
+                                    "delete", "--force", cid], env)
+            subreaper(False)
+            if isolated:
+                count, cpu = reap_orphans()
+            else:
+                count, cpu = 0, 0.0
+            if i < len(warm):
+                continue
+            series[name].elapsed.append(run.elapsed)
+            series[name].cpu.append(run.cpu)
+            series[name].reporters += count
+            series[name].reporter_cpu += cpu
+            failures[name] += run.status != 0
+            leaks[name] += containers.dirs_left(cid) > 0
     finally:
         containers.destroy()
     if not isolated:

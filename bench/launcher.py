@@ -19,7 +19,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from bench.common import print_table, run_measured
+from bench.common import balanced_order, print_table, run_measured
 from bench.passthrough import COMMANDS as PASSTHROUGH
 from labkit.kernel import RuncContainer
 
@@ -35,18 +35,18 @@ ASIDE_ID = "rgbench-aside"
 
 
 def measure(candidates: dict[str, Sequence[str]], rounds: int, env: dict[str, str]) -> dict[str, list]:
-    """Every candidate once per round in rotating order (shared noise); 3 warm-up runs each."""
+    """Every candidate ``rounds`` times in one carryover-balanced order (shared noise, and each
+    follows each equally often: common.balanced_order); 3 warm-up runs each."""
     names = list(candidates)
     for name in names:
         for _ in range(3):
             run_measured(candidates[name], env)
     samples: dict[str, list] = {n: [] for n in names}
-    for i in range(rounds):
-        for name in names[i % len(names):] + names[: i % len(names)]:
-            done = run_measured(candidates[name], env)
-            if done.status not in (0, 1):
-                raise RuntimeError(f"{candidates[name]} exited {done.status}")
-            samples[name].append(done)
+    for name in balanced_order(names, rounds):
+        done = run_measured(candidates[name], env)
+        if done.status not in (0, 1):
+            raise RuntimeError(f"{candidates[name]} exited {done.status}")
+        samples[name].append(done)
     return samples
 
 
