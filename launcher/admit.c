@@ -189,6 +189,8 @@ static int make_dirs(const char *path)
 
 	if (n == 0 || n >= sizeof(buf))
 		return -1;
+	if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+		return 0; /* the common case: one stat, not a mkdir per level */
 	memcpy(buf, path, n + 1);
 	for (char *p = buf + 1; *p; p++) {
 		if (*p != '/')
@@ -458,16 +460,34 @@ static int marshal_dict(char *buf, size_t size, size_t *len, const char *const *
 	return 0;
 }
 
-/* report.EventLog's timestamp: UTC, microseconds, "Z". */
+/* report.EventLog's timestamp: UTC, microseconds, "Z". The civil date is computed here (days since
+ * the epoch to year/month/day, proleptic Gregorian): glibc's gmtime_r and strftime both run tzset,
+ * which opens and reads /etc/localtime, seven syscalls on every step-aside for a UTC stamp. */
 static void timestamp(char out[40])
 {
 	struct timespec ts;
-	struct tm tm;
+	long long days, secs, era, doe, yoe, doy, mp, year;
+	unsigned month, day;
 
 	clock_gettime(CLOCK_REALTIME, &ts);
-	gmtime_r(&ts.tv_sec, &tm);
-	strftime(out, 40, "%Y-%m-%dT%H:%M:%S", &tm);
-	snprintf(out + strlen(out), 40 - strlen(out), ".%06ldZ", ts.tv_nsec / 1000);
+	days = ts.tv_sec / 86400;
+	secs = ts.tv_sec % 86400;
+	if (secs < 0) {
+		secs += 86400;
+		days--;
+	}
+	days += 719468; /* from 1970-01-01 to 0000-03-01 */
+	era = (days >= 0 ? days : days - 146096) / 146097;
+	doe = days - era * 146097;
+	yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+	doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+	mp = (5 * doy + 2) / 153;
+	day = (unsigned)(doy - (153 * mp + 2) / 5 + 1);
+	month = (unsigned)(mp < 10 ? mp + 3 : mp - 9);
+	year = yoe + era * 400 + (month <= 2);
+	snprintf(out, 40, "%04u-%02u-%02uT%02u:%02u:%02u.%06uZ", (unsigned)year % 10000u, month % 100u, day % 100u,
+		 (unsigned)(secs / 3600), (unsigned)(secs / 60 % 60), (unsigned)(secs % 60),
+		 (unsigned)(ts.tv_nsec / 1000) % 1000000u);
 }
 
 /* spool.write_spool of the one startup_overloaded entry shim/entry.py _report_overloaded logs. */

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import datetime
 import fcntl
 import json
 import os
@@ -215,6 +216,9 @@ def test_all_slots_taken_steps_aside_in_c(node: Node) -> None:
     [entry] = node.entries("startup_overloaded")
     assert (entry["container_id"], entry["runtime_root"]) == ("c1", node.root)
     assert entry["reason"] == record["reason"]
+    # the launcher's own civil-date arithmetic (no tzset): EventLog's format, UTC, now
+    stamp = datetime.datetime.strptime(str(entry["timestamp"]), "%Y-%m-%dT%H:%M:%S.%fZ")
+    assert abs(stamp.replace(tzinfo=datetime.UTC) - datetime.datetime.now(datetime.UTC)).total_seconds() < 60
 
 
 @pytest.mark.parametrize("door", ["launcher", "python"])
