@@ -12,6 +12,29 @@ from __future__ import annotations
 import os
 
 
+def json_records(directory: str) -> list[str]:
+    """The record files (``*.json``, not a writer's hidden temp file) in ``directory``, by name."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".json") and not n.startswith("."))
+    except OSError:
+        return []
+    return [os.path.join(directory, name) for name in names]
+
+
+def read_trusted_json(path: str, limit: int) -> dict[str, object] | None:
+    """A JSON object from :func:`read_trusted`'s bytes; None: absent, foreign, malformed, not an object."""
+    from runc_guard import cjson
+
+    raw = read_trusted(path, limit)
+    if raw is None:
+        return None
+    try:
+        doc = cjson.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def read_trusted(path: str, limit: int) -> bytes | None:
     """A file's bytes (at most ``limit``), only if it is ours and writable by nobody else.
 

@@ -15,7 +15,7 @@ import os
 import time
 
 from runc_guard import cjson
-from runc_guard.atomic import read_trusted, write_atomic
+from runc_guard.atomic import json_records, read_trusted_json, write_atomic
 from runc_guard.delete.bounds import MAX_ASIDE_RECORDS, crowded, drop_oldest, unlink_all
 from runc_guard.delete.pending import record_path
 
@@ -76,14 +76,8 @@ def write_aside(
 
 def read_aside(path: str) -> dict[str, object] | None:
     """One aside record as written by :func:`write_aside`; None when unusable (never trusted)."""
-    raw = read_trusted(path, MAX_ASIDE_BYTES)
-    if raw is None:
-        return None
-    try:
-        doc = cjson.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(doc, dict) or not isinstance(doc.get("container_id"), str):
+    doc = read_trusted_json(path, MAX_ASIDE_BYTES)
+    if doc is None or not isinstance(doc.get("container_id"), str):
         return None
     paths = doc.get("cgroup_paths")
     if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
@@ -93,13 +87,7 @@ def read_aside(path: str) -> dict[str, object] | None:
 
 def iter_aside(cache_dir: str) -> Iterator[tuple[str, dict[str, object] | None]]:
     """Every aside record file and its content (None when unusable), in name order."""
-    directory = aside_dir(cache_dir)
-    try:
-        names = sorted(n for n in os.listdir(directory) if n.endswith(".json") and not n.startswith("."))
-    except OSError:
-        return
-    for name in names:
-        path = os.path.join(directory, name)
+    for path in json_records(aside_dir(cache_dir)):
         yield path, read_aside(path)
 
 
