@@ -18,8 +18,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from labkit.kernel import RUNC, remove_tree, unique, volume_writer_lifecycle
+from labkit.kernel import (
+    RUNC,
+    read_jsonl,
+    remove_tree,
+    unique,
+    volume_writer_lifecycle,
+    wait_for,
+    wait_reported,
+)
 from labkit.scenario import guard_env
+from runc_guard.delete.memcg_hold import PREFIX, held_dir
 
 pytestmark = pytest.mark.kernel
 
@@ -74,3 +83,33 @@ def test_a_deleted_containers_memcg_keeps_no_page_cache(
         lines = [json.loads(line) for line in f]
     assert len(lines) == LIFECYCLES and all(line["reclaimed_kb"] >= 900 for line in lines), lines
     assert all(line["memcg_left"] == 0 for line in lines), lines
+
+
+def test_a_cache_too_large_for_the_reply_is_held_and_reclaimed_after_it(
+    shim_binary: str, workdir: str, tmp_path: os.PathLike[str], parents: list[str]
+) -> None:
+    """256 MiB of clean page cache is more than a reply may spend on (delete.reclaim.MAX_CHARGE):
+    with a finisher (finish_window > 0) the delete renames the empty memcg aside within its parent
+    (cgroup v1), real runc 1.1.5's own delete then finds it gone (exit 0), and the finisher
+    reclaims it after the reply in paced steps and removes it: nothing stays charged below the
+    parent, no held directory and no record are left."""
+    parent = unique("rgtest-memcg-held")
+    parents.append(parent)
+    os.mkdir(os.path.join(MEMORY, parent))
+    env = guard_env(workdir, RUNC_GUARD_FINISH_WINDOW="1")
+    life = volume_writer_lifecycle(workdir, parent, str(tmp_path), [shim_binary], env, mib=256, synced=True)
+    assert life.status == 0, life.stderr
+    below = os.path.join(MEMORY, parent)
+    held = os.path.join(below, PREFIX + life.id)
+    cache = os.path.join(workdir, "cache")
+    freed = wait_for(lambda: not os.path.exists(held) and _usage(below) < 8 * MIB, 60, 0.1)
+    assert wait_reported(cache, timeout=60)
+    entries = read_jsonl(os.path.join(workdir, "events.jsonl"))
+    [delete] = [e for e in entries if e.get("event") == "delete"]
+    assert delete["memcg_held"] == {os.path.join(below, life.id): held}, delete
+    [late] = [e for e in entries if e.get("event") == "memcg_reclaimed_late"]
+    print(f"\n256 MiB clean: reply {life.delete_s * 1000:.0f} ms, held {late['held_ms']} ms, "
+          f"reclaimed {late['memcg_reclaimed_kb']} KiB, left below the parent {_usage(below) >> 10} KiB")
+    assert freed, (os.listdir(below), _usage(below))
+    assert late["memcg_reclaimed_kb"] >= 250 * 1024 and "memcg_unreclaimed" not in late, late
+    assert os.listdir(held_dir(cache)) == []

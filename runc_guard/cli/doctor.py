@@ -271,7 +271,8 @@ def _memcg_reclaim(mounts: dict[str, str], release: str) -> tuple[bool | None, s
     """Can this kernel reclaim a memory cgroup on demand (delete.reclaim)? v1 always; v2 since 5.19."""
     for mount, fstype in sorted(mounts.items()):
         if fstype == "cgroup" and os.path.exists(os.path.join(mount, "memory.force_empty")):
-            return True, f"memory.force_empty in {mount} (cgroup v1)"
+            return True, (f"memory.force_empty in {mount} (cgroup v1); a cache too large for the reply is "
+                          "held aside and reclaimed after it when the finisher is on")
     for mount, fstype in sorted(mounts.items()):
         if fstype != "cgroup2":
             continue
@@ -288,9 +289,11 @@ def _memcg_reclaim(mounts: dict[str, str], release: str) -> tuple[bool | None, s
                               and os.path.exists(os.path.join(e.path, "memory.current"))), None)
         except OSError:
             child = None
+        # cgroup2 cannot rename a cgroup: what the reply's budget does not reclaim stays dying
+        only = "cgroup2: within the reply only"
         if child is not None:
-            return os.path.exists(os.path.join(child, "memory.reclaim")), f"in {child}"
-        return kernel_at_least("5.19", release), f"by kernel version {release}"
+            return os.path.exists(os.path.join(child, "memory.reclaim")), f"in {child} ({only})"
+        return kernel_at_least("5.19", release), f"by kernel version {release} ({only})"
     return False, "no memory controller mounted"
 
 

@@ -203,6 +203,7 @@ def sweep(
         with sweep_lock(lock):
             report = sweeper.run(discovery)
             report.aside_cleared = _prune_aside(settings)
+            _finish_held(settings, report)
         _count(settings, report)
         _journal(settings, report)
         _send_spooled(settings)
@@ -232,6 +233,28 @@ def _prune_aside(settings: Settings) -> int:
     from runc_guard.delete.aside import prune_aside
 
     return prune_aside(settings.cache_dir)
+
+
+def _finish_held(settings: Settings, report: SweepReport) -> None:
+    """Memory cgroups a delete held aside that no finisher finished (it was killed, or never ran):
+    reclaimed as far as they can be now, then removed (node.late_reclaim, ``final``). Only once a
+    finisher would have given up on them, so the two never work on one at the same time."""
+    import time
+
+    from runc_guard.delete.memcg_hold import iter_held
+    from runc_guard.node.finisher import HOLD_MAX
+    from runc_guard.node.late_reclaim import LATE_MAX, step
+
+    for path, doc in iter_held(settings.cache_dir):
+        if doc is None or time.time() - float(doc["created"]) < LATE_MAX + HOLD_MAX:
+            continue
+        result = step(path, doc, final=True)
+        report.memcg_reclaimed_kb += result.reclaimed >> 10
+        if result.done:
+            report.held_cleared += 1
+            report.memcg_left += bool(result.left)
+        else:
+            report.errors.append(f"held memory cgroup {doc['held']}: {result.why}")
 
 
 def _send_spooled(settings: Settings) -> None:

@@ -21,6 +21,7 @@ import errno
 import time
 
 from runc_guard.delete.cgroupfs import CgroupFsOps
+from runc_guard.delete.memcg_hold import holdable
 from runc_guard.errors import EXIT_CGROUP_BUSY, EXIT_CGROUP_ERROR, RuncGuardError
 
 TYPE_CHECKING = False
@@ -43,7 +44,9 @@ _RETRYABLE = (errno.EBUSY, errno.ENODEV, errno.EINTR)
 class CleanupReport:
     """What one cleanup did; filled in as it goes so a failure still reports it."""
 
-    __slots__ = ("attempts", "killed", "reclaimed", "remaining", "removed", "unreclaimed", "waited_ms")
+    __slots__ = (
+        "attempts", "held", "killed", "reclaimed", "remaining", "removed", "unreclaimed", "waited_ms",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.attempts = 0
@@ -56,6 +59,8 @@ class CleanupReport:
         self.reclaimed = 0
         #: Memory cgroups left charged (why: the value): removed anyway, the kernel keeps them dying.
         self.unreclaimed: dict[str, str] = {}
+        #: Memory cgroups held aside for a reclaim after the reply (delete.memcg_hold): path -> held path.
+        self.held: dict[str, str] = {}
 
 
 # -- how a cleanup fails: built complete, with what it did so far ----------------------
@@ -141,13 +146,15 @@ class Reclaimer:
 
     def __init__(
         self, fs: CgroupFsOps, report: CleanupReport, budget: float, deadline: float,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, hold: Callable[[str, str], str | None] | None = None,
     ) -> None:
         self.fs = fs
         self.report = report
         self.budget = budget
         self.deadline = deadline
         self.clock = clock
+        #: (path, why not reclaimed) -> the held path, or None: delete.memcg_hold, for a finisher to reclaim.
+        self.hold = hold
         self.until: float | None = None
         self.done: set[str] = set()
 
@@ -159,6 +166,11 @@ class Reclaimer:
             self.until = min(self.deadline, self.clock() + self.budget)
         result = self.fs.reclaim_memory(path, self.until)
         self.report.reclaimed += result.reclaimed
+        if result.skipped and self.hold is not None and holdable(result.skipped):
+            held = self.hold(path, result.skipped)
+            if held is not None:
+                self.report.held[path] = held  # gone from ``path``: the rmdir after finds ENOENT
+                return
         if result.skipped:
             self.report.unreclaimed[path] = result.skipped
         else:
@@ -265,11 +277,14 @@ def drain(
     watch_foreign: bool = False,
     clock: Callable[[], float] = time.monotonic,
     reclaim_budget: float = 0.0,
+    hold: Callable[[str, str], str | None] | None = None,
 ) -> CleanupReport:
     """Wait until ``roots`` (and their subtrees) are empty, removing them if ``remove``.
 
     ``reclaim_budget``: seconds to spend reclaiming the empty memory cgroups among
     them (each once, before its rmdir; see delete.reclaim); 0 reclaims nothing.
+    ``hold``: where the budget cannot do it, a memory cgroup may be held aside for
+    a reclaim after the reply instead (delete.memcg_hold; see Reclaimer).
 
     A plain deadline loop, as runc's RemovePath: attempt, and while anything is
     left, sleep until a cgroup changes or a poll interval passes. At least one
@@ -281,7 +296,7 @@ def drain(
     report = CleanupReport()
     started = clock()
     watch = _ForeignWatch(fs, clock) if watch_foreign else None
-    reclaim = Reclaimer(fs, report, reclaim_budget, deadline, clock) if reclaim_budget > 0 else None
+    reclaim = Reclaimer(fs, report, reclaim_budget, deadline, clock, hold) if reclaim_budget > 0 else None
     while True:
         report.attempts += 1
         try:

@@ -27,6 +27,9 @@ OUTCOMES = (
     "internal_error",  # a bug: exit 70, record kept
     "finished_late",  # after the reply, the finisher completed what a deadline cut short
 )
+#: A stats line's ``kind`` for a held memcg's late reclaim (node.finisher): metrics counts its
+#: memory, not a delete.
+MEMCG_LINE = "memcg"
 #: No state and no record: nothing happened; logged at debug only, no stats line.
 UNKNOWN = "unknown"
 #: Outcomes where the runtime decided, not runc-guard: worth a look, not an alarm.

@@ -42,6 +42,7 @@ from runc_guard.delete.cleanup import (
     drain,
     live_pids,
 )
+from runc_guard.delete.memcg_hold import hold as hold_memcg
 from runc_guard.delete.outcomes import ALREADY_GONE, REMOVED, UNKNOWN, WARNING_OUTCOMES
 from runc_guard.delete.paths import check_container_paths, check_path, init_started_wall
 from runc_guard.delete.pending import (
@@ -204,6 +205,8 @@ class DeleteRun:
         self.cut_short = False
         #: A sandbox's dead siblings were recorded: a finisher deletes them after the reply.
         self.siblings_left = False
+        #: A memory cgroup was held aside for the finisher to reclaim (delete.memcg_hold).
+        self.memcg_held = False
 
     # -- reporting -------------------------------------------------------------
 
@@ -606,6 +609,7 @@ class DeleteRun:
                 watch_foreign=watch_foreign,
                 clock=self.clock,
                 reclaim_budget=RECLAIM_BUDGET,
+                hold=self._hold_memcg if self.settings.finish_window > 0 else None,
             )
         except CgroupBusy as exc:
             self._account(exc.report)
@@ -634,6 +638,13 @@ class DeleteRun:
             )
         if report.unreclaimed:
             self.canonical.setdefault("memcg_unreclaimed", {}).update(report.unreclaimed)
+        if report.held:
+            self.canonical.setdefault("memcg_held", {}).update(report.held)
+            self.memcg_held = True
+
+    def _hold_memcg(self, path: str, reason: str) -> str | None:
+        """A memory cgroup too large to reclaim on the reply's time, held for the finisher (v1 only)."""
+        return hold_memcg(path, self.settings.cache_dir, self.container_id, self.root, reason)
 
     def _write_record(self, state: ContainerState, paths: list[str]) -> str | None:
         record = PendingRecord(
@@ -789,13 +800,17 @@ def _own_cost() -> dict[str, int]:
     }
 
 
-def append_stats(stats_file: str, outcome: str, entry: Mapping[str, Any], container_id: str) -> None:
+def append_stats(
+    stats_file: str, outcome: str, entry: Mapping[str, Any], container_id: str, kind: str = ""
+) -> None:
     """One small line per delete for ``runc-guardctl metrics`` to aggregate (no daemon).
 
     The container id lets a reader (a test on a shared lab) pick its own lines.
+    ``kind``: MEMCG_LINE for a line that is not a delete's (metrics counts only its memory).
     """
     line = cjson.dumps(
         {
+            **({"kind": kind} if kind else {}),
             "time": round(time.time(), 3),
             "container_id": container_id,
             "outcome": outcome,
@@ -862,7 +877,8 @@ def run_delete(
         except Exception:  # noqa: BLE001 - reporting itself failed: the status still stands
             status = EXIT_INTERNAL
     deliver(run.log, settings, spool_dir(settings.cache_dir))
-    # Settled: detached. A sandbox's siblings are its own delete's job, finisher or not (node.finisher.run).
-    if run.siblings_left or (run.cut_short and settings.finish_window > 0):
+    # Settled: detached. A sandbox's siblings are its own delete's job, finisher or not (node.finisher.run);
+    # a held memcg is held only when a finisher will run (finish_window > 0).
+    if run.siblings_left or ((run.cut_short or run.memcg_held) and settings.finish_window > 0):
         detach_finisher(settings.cache_dir)
     return status

@@ -40,6 +40,11 @@ sandbox's delete starts the finisher for these even with ``finish_window = 0``
 (deleting them was its own job before, inline), and they get neither the quiet
 wait nor the hold on other containers' cleanups (:func:`run`).
 
+A delete that held a container's memory cgroup aside (cgroup v1, a page cache too
+large to reclaim on the reply's time: delete.memcg_hold) leaves it here too: each
+pass takes one paced step of its reclaim (node.late_reclaim), storm or not (niced,
+no I/O of its own), and the finisher does not exit while one is held.
+
 What it cannot finish in its window stays for ``runc-guardctl sweep`` and audit.
 """
 
@@ -53,6 +58,8 @@ from dataclasses import dataclass, field
 from runc_guard.delete.aside import OVERLOAD, SIBLING, iter_aside
 from runc_guard.delete.cgroupfs import CgroupFsOps, RealCgroupFs, cgroup_mounts
 from runc_guard.delete.cleanup import CgroupBusy, CgroupRemovalFailed, CleanupReport, drain, live_pids
+from runc_guard.delete.memcg_hold import iter_held
+from runc_guard.delete.outcomes import MEMCG_LINE
 from runc_guard.delete.paths import check_container_paths, init_started_wall
 from runc_guard.delete.pending import BUSY, Claim, PendingRecord, iter_records, remove_record
 from runc_guard.delete.reclaim import SWEEP_BUDGET as RECLAIM_BUDGET
@@ -61,6 +68,9 @@ from runc_guard.delete.run import DeleteRun, Outcome, append_stats
 from runc_guard.delete.runtime_child import RuntimeRun, run_runtime_child
 from runc_guard.delete.state import ContainerState, read_state, runtime_state_exists
 from runc_guard.errors import EXIT_INTERNAL, EXIT_UNSAFE_STATE, RuncGuardError, StateMissing, StateUnreadable
+from runc_guard.node.late_reclaim import LATE_MAX
+from runc_guard.node.late_reclaim import Step as LateStep
+from runc_guard.node.late_reclaim import step as late_step
 from runc_guard.node.orphans import cleanups_running, live_shim_ids
 from runc_guard.procinfo import DEAD, init_liveness
 from runc_guard.settings import Settings, load
@@ -138,6 +148,8 @@ class Finisher:
     mounts: Callable[[], Mapping[str, str]] = cgroup_mounts
     attempts: dict[str, int] = field(default_factory=dict)
     finished: list[str] = field(default_factory=list)
+    #: Bytes reclaimed so far per held-memcg record (a held memcg takes several steps).
+    reclaimed_held: dict[str, int] = field(default_factory=dict)
 
     def now(self) -> float:
         return self.clock()
@@ -361,6 +373,50 @@ class Finisher:
         log.warning("finisher_left", reason=reason)
         deliver(log, self.settings, spool_dir(self.settings.cache_dir))
 
+    def reclaim_held(self) -> int:
+        """One paced step on every memory cgroup a delete held aside (node.late_reclaim); how many are left.
+
+        A record that is still not done LATE_MAX + HOLD_MAX s after it was written (a process moved
+        into the held memcg, or a path the finisher may not touch) is left to the sweep and audit.
+        """
+        left = 0
+        for path, doc in iter_held(self.settings.cache_dir):
+            if doc is None or self.attempts.get(path, 0) >= MAX_ATTEMPTS:
+                continue
+            try:
+                result = late_step(path, doc)
+            except Exception as exc:  # noqa: BLE001 - one record's failure is its own
+                self.attempts[path] = MAX_ATTEMPTS
+                reason = f"{type(exc).__name__}: {exc}"
+                self._log_left(str(doc["container_id"]), str(doc["runtime_root"]), reason)
+                continue
+            self.reclaimed_held[path] = self.reclaimed_held.get(path, 0) + result.reclaimed
+            if result.done:
+                self._report_held(doc, self.reclaimed_held.pop(path), result)
+            elif time.time() - float(doc["created"]) > LATE_MAX + HOLD_MAX:
+                self.attempts[path] = MAX_ATTEMPTS
+                self._log_left(str(doc["container_id"]), str(doc["runtime_root"]),
+                               f"held memory cgroup {doc['held']}: {result.why}")
+            else:
+                left += 1
+        return left
+
+    def _report_held(self, doc: Mapping[str, object], reclaimed: int, result: LateStep) -> None:
+        """One entry per held memcg removed, and a stats line that counts its memory, not a delete."""
+        entry: dict[str, object] = {
+            "held": doc["held"],
+            "memcg_reclaimed_kb": reclaimed >> 10,
+            "held_ms": int(max(0.0, time.time() - float(str(doc["created"]))) * 1000),
+        }
+        if result.left:
+            entry["memcg_unreclaimed"] = {str(doc["held"]): f"{result.why} ({result.left >> 10} KiB)"}
+        log = EventLog(self.settings.log_level, {"container_id": doc["container_id"],
+                                                 "runtime_root": doc["runtime_root"]})
+        (log.warning if result.left else log.info)("memcg_reclaimed_late", **entry)
+        append_stats(self.settings.stats_file, "memcg_reclaimed_late", entry, str(doc["container_id"]),
+                     kind=MEMCG_LINE)
+        deliver(log, self.settings, spool_dir(self.settings.cache_dir))
+
     def _report(
         self, record: PendingRecord, reruns: int, cleanup: CleanupReport, scope: dict[str, object] | None,
         left_by: str,
@@ -480,12 +536,17 @@ def run(
     while True:
         names = _work(settings)
         siblings = _work(settings, (SIBLING,), pending=False)
+        # held memcgs: a paced step each loop, storm or not (niced, no I/O of its own), until all are gone
+        held = finisher.reclaim_held()
         now = finisher.now()
         if names - seen:
             last_new = now
         seen |= names
         if not names or now - last_new >= max(quiet + window, SIBLING_WINDOW if siblings else 0.0):
-            return finisher
+            if not held:
+                return finisher
+            finisher.fs.wait_for_change([], POLL, POLL)
+            continue
         if siblings:
             finisher.pass_once(siblings_only=True)
         if now - last_new < HOLD_MAX and cleanups_running(finisher.proc):
@@ -496,7 +557,7 @@ def run(
             finisher.fs.wait_for_change([], wait, wait)
             continue
         pending, populated = finisher.pass_once()
-        if pending == 0:
+        if pending == 0 and not held:
             return finisher
         finisher.fs.wait_for_change(populated, POLL, POLL * 4)
 
@@ -528,6 +589,6 @@ def finisher_main(held: int) -> None:
             run(settings, settings.finish_window, seen=seen)
         finally:
             os.close(lock)
-        if not _work(settings) - seen:
+        if not _work(settings) - seen and not any(True for _ in iter_held(settings.cache_dir)):
             return
         lock = try_lock(settings.cache_dir, FINISHER_LOCK)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from runc_guard.atomic import write_atomic
-from runc_guard.delete.outcomes import OUTCOMES
+from runc_guard.delete.outcomes import MEMCG_LINE, OUTCOMES
 from runc_guard.node.sweep import KEEP_REASONS
 
 if TYPE_CHECKING:
@@ -108,13 +108,15 @@ def apply_delete_line(state: dict[str, Any], line: bytes) -> bool:
     except (ValueError, KeyError, TypeError):
         state["invalid_lines"] += 1
         return False
+    state["memcg_reclaimed_kb"] += max(0, reclaimed_kb)
+    state["memcg_left"] += max(0, memcg_left)
+    if doc.get("kind") == MEMCG_LINE:
+        return True  # a held memcg's late reclaim (node.finisher): its memory counts, it is no delete
     if not _LABEL_VALUE.match(outcome):
         outcome = "other"
     state["deletes"][outcome] = state["deletes"].get(outcome, 0) + 1
     state["delete_dirs_removed"] += max(0, removed)
     state["delete_killed"] += max(0, killed)
-    state["memcg_reclaimed_kb"] += max(0, reclaimed_kb)
-    state["memcg_left"] += max(0, memcg_left)
     index = next((i for i, bound in enumerate(WAIT_BUCKETS) if waited <= bound), len(WAIT_BUCKETS))
     state["delete_wait_buckets"][index] += 1
     state["delete_wait_sum"] += waited

@@ -323,6 +323,8 @@ class SweepReport:
     records_cleared: int = 0
     #: Aside records (deletes that stepped aside) dropped because nothing they name is left.
     aside_cleared: int = 0
+    #: Memory cgroups deletes held aside (delete.memcg_hold) that the sweep reclaimed and removed.
+    held_cleared: int = 0
     #: Page cache reclaimed from leaked memory cgroups before their rmdir, and those left charged.
     memcg_reclaimed_kb: int = 0
     memcg_left: int = 0

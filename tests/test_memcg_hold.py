@@ -1,0 +1,149 @@
+"""delete.memcg_hold and node.late_reclaim without a kernel: what is held, what is trusted, what is counted.
+
+tests/test_reclaim_kernel.py proves the same against the kernel's v1 memory controller.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from runc_guard.delete import memcg_hold
+from runc_guard.delete.cgroupfs import CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC
+from runc_guard.delete.cleanup import drain
+from runc_guard.node import late_reclaim
+from runc_guard.node.metrics import apply_delete_line, new_state
+from tests.fakes import FakeCgroupFs, FakeClock
+
+TOO_LARGE = "page cache too large to reclaim on the reply's time"
+
+
+def _v1(path: Path, usage: int = 256 << 20) -> Path:
+    path.mkdir(parents=True)
+    (path / "memory.usage_in_bytes").write_text(f"{usage}\n")
+    (path / "memory.stat").write_text(f"cache {usage}\nrss 0\ndirty 0\nwriteback 0\n")
+    (path / "cgroup.procs").write_text("")
+    return path
+
+
+def test_drain_holds_what_its_budget_cannot_reclaim_and_the_rmdir_finds_it_gone() -> None:
+    clock = FakeClock()
+    fs = FakeCgroupFs(clock)
+    for path in ("/cg/memory/pod/big", "/cg/memory/pod/broken", "/cg/memory/pod/small"):
+        fs.add(path)
+        fs.charged[path] = 1 << 20
+    fs.unreclaimable["/cg/memory/pod/big"] = TOO_LARGE
+    fs.unreclaimable["/cg/memory/pod/broken"] = "memory.force_empty: EIO"
+    held: list[tuple[str, str]] = []
+
+    def hold(path: str, why: str) -> str:
+        held.append((path, why))
+        del fs.dirs[path]  # the rename: the directory is no longer where it was
+        return path + ".held"
+
+    report = drain(["/cg/memory/pod/big", "/cg/memory/pod/broken", "/cg/memory/pod/small"], fs, clock() + 4,
+                   0.1, may_kill=False, clock=clock, reclaim_budget=0.1, hold=hold)  # fmt: skip
+    # only a reason a later, paced reclaim can do better on; a kernel error stays as it is
+    assert held == [("/cg/memory/pod/big", TOO_LARGE)]
+    assert report.held == {"/cg/memory/pod/big": "/cg/memory/pod/big.held"}
+    assert report.unreclaimed == {"/cg/memory/pod/broken": "memory.force_empty: EIO"}
+    assert fs.rmdirs == ["/cg/memory/pod/broken", "/cg/memory/pod/small"]
+    assert report.remaining == {}
+
+
+def test_hold_records_first_then_renames_beside_the_original(tmp_path: Path) -> None:
+    cg = _v1(tmp_path / "memory" / "pod" / "ctr1")
+    cache = tmp_path / "cache"
+    held = memcg_hold.hold(str(cg), str(cache), "ctr1", "/run/containerd/runc/k8s.io", TOO_LARGE)
+    assert held == str(tmp_path / "memory" / "pod" / ".runc-guard-held.ctr1")
+    assert os.path.isdir(held) and not cg.exists()
+    [(record, doc)] = list(memcg_hold.iter_held(str(cache)))
+    assert doc is not None and (doc["original"], doc["held"], doc["container_id"]) == (str(cg), held, "ctr1")
+    assert record == memcg_hold.record_file(str(cache), held)
+
+
+@pytest.mark.parametrize("name", ["ctr.scope", "kubepods-pod1.slice", ".runc-guard-held.x", "x" * 240])
+def test_hold_leaves_what_it_must_not_or_cannot_rename(tmp_path: Path, name: str) -> None:
+    """systemd's units (it re-creates and removes them itself), a held one, a name that would not fit."""
+    cg = _v1(tmp_path / "memory" / name)
+    assert memcg_hold.hold(str(cg), str(tmp_path / "cache"), "c", "/r", TOO_LARGE) is None
+    assert cg.is_dir() and list(memcg_hold.iter_held(str(tmp_path / "cache"))) == []
+
+
+def test_hold_needs_a_v1_memory_cgroup_and_drops_its_record_when_the_rename_fails(tmp_path: Path) -> None:
+    v2 = tmp_path / "unified" / "ctr"
+    v2.mkdir(parents=True)
+    (v2 / "memory.current").write_text("1\n")
+    assert memcg_hold.hold(str(v2), str(tmp_path / "cache"), "c", "/r", TOO_LARGE) is None
+    cg = _v1(tmp_path / "memory" / "ctr")
+    (tmp_path / "memory" / ".runc-guard-held.ctr").mkdir()
+    (tmp_path / "memory" / ".runc-guard-held.ctr" / "x").write_text("")  # rename onto a non-empty dir fails
+    assert memcg_hold.hold(str(cg), str(tmp_path / "cache"), "c", "/r", TOO_LARGE) is None
+    assert cg.is_dir() and list(memcg_hold.iter_held(str(tmp_path / "cache"))) == []
+
+
+def _record(tmp_path: Path, original: str, held: str) -> tuple[str, dict[str, object]]:
+    doc = {"container_id": "c", "runtime_root": "/r", "original": original, "held": held, "reason": TOO_LARGE,
+           "created": 1.0}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    return str(path), doc
+
+
+def v1_fs(path: str) -> int:
+    return CGROUP_SUPER_MAGIC
+
+
+@pytest.mark.parametrize(
+    ("original", "held", "fs_type"),
+    [
+        ("/cg/memory/pod/ctr", "/cg/memory/pod/.runc-guard-held.other", v1_fs),  # not the original's name
+        ("/cg/memory/pod/ctr", "/cg/memory/.runc-guard-held.ctr", v1_fs),  # not beside it
+        ("pod/ctr", "pod/.runc-guard-held.ctr", v1_fs),  # relative
+        ("/cg/memory/pod/ctr", "/cg/memory/pod/.runc-guard-held.ctr", lambda p: CGROUP2_SUPER_MAGIC),
+        ("/cg/memory/pod/ctr", "/cg/memory/pod/.runc-guard-held.ctr", lambda p: 0xEF53),  # ext4
+    ],
+)
+def test_a_record_is_input_and_only_a_held_v1_memcg_is_touched(tmp_path: Path, original: str, held: str,
+                                                               fs_type: object) -> None:  # fmt: skip
+    assert late_reclaim.trusted({"original": original, "held": held}, fs_type) is None  # type: ignore[arg-type]
+
+
+def test_a_record_whose_directory_is_gone_is_dropped(tmp_path: Path) -> None:
+    pod = tmp_path / "pod"
+    record, doc = _record(tmp_path, str(pod / "ctr"), str(pod / ".runc-guard-held.ctr"))
+    result = late_reclaim.step(record, doc, fs_type=v1_fs)
+    assert result.done and result.why == "gone" and not os.path.exists(record)
+
+
+def test_a_populated_or_dirty_held_memcg_waits_and_nothing_is_written(tmp_path: Path) -> None:
+    held = _v1(tmp_path / "pod" / ".runc-guard-held.ctr")
+    record, doc = _record(tmp_path, str(tmp_path / "pod" / "ctr"), str(held))
+    (held / "cgroup.procs").write_text("42\n")
+    now = lambda: 2.0  # noqa: E731 - one second after it was held
+    assert late_reclaim.step(record, doc, now=now, fs_type=v1_fs).why == "a process or cgroup appeared in it"
+    (held / "cgroup.procs").write_text("")
+    (held / "memory.stat").write_text(f"cache {256 << 20}\ndirty {64 << 20}\nwriteback 0\n")
+    result = late_reclaim.step(record, doc, now=now, fs_type=v1_fs, io="/nonexistent", memory="/nonexistent")
+    assert (result.done, result.why) == (False, "dirty pages waiting for writeback")
+    assert not (held / "memory.limit_in_bytes").exists() and not (held / "memory.force_empty").exists()
+
+
+def test_pressure_holds_a_step_back(tmp_path: Path) -> None:
+    held = _v1(tmp_path / "pod" / ".runc-guard-held.ctr")
+    record, doc = _record(tmp_path, str(tmp_path / "pod" / "ctr"), str(held))
+    psi = tmp_path / "memory-psi"
+    psi.write_text("some avg10=42.00 avg60=1.00 avg300=0.00 total=1\nfull avg10=0.00 avg60=0.00 total=0\n")
+    result = late_reclaim.step(record, doc, now=lambda: 2.0, fs_type=v1_fs, io="/none", memory=str(psi))
+    assert (result.done, result.why) == (False, "memory pressure (some avg10 42%)")
+
+
+def test_a_held_memcgs_late_reclaim_counts_memory_not_a_delete() -> None:
+    state = new_state()
+    line = {"kind": "memcg", "time": 1.0, "container_id": "c", "outcome": "memcg_reclaimed_late",
+            "waited_ms": 0, "removed": 0, "reclaimed_kb": 1024, "memcg_left": 0}
+    assert apply_delete_line(state, json.dumps(line).encode())
+    assert state["deletes"] == {} and state["memcg_reclaimed_kb"] == 1024
