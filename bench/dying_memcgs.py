@@ -7,8 +7,11 @@ with ``delete --force``, by stock runc or through runc-guard, alternating one
 lifecycle of each. The kernel's count of memory cgroups (``/proc/cgroups``:
 live and dying alike) is read before and ``--settle`` seconds after; the
 containers' own parent cgroups tell how much page cache each front left charged
-below them. A last pair writes ``--large-mib`` (a large cache): how long the
-delete's reply takes with it, and whether runc-guard reclaimed it or left it.
+below them. Last, one container per front writes ``--large-mib`` (a large cache,
+clean then dirty): how long the delete's reply takes with it, how long until
+its page cache is gone (runc-guard, finisher on as shipped: held aside and
+reclaimed after the reply, delete.memcg_hold), and the cgroup probe's latency
+(bench.common.Probe) meanwhile against the 5 s before.
 
 The memcg count is node-wide: run it on a quiet machine. Dying memcgs left by
 earlier work are freed whenever their pages go, which would move the count under
@@ -29,11 +32,12 @@ import sys
 import tempfile
 import time
 
-from bench.common import PREFIX, print_table
-from labkit.kernel import RUNC, remove_tree, unique, volume_writer_lifecycle, wait_reported
+from bench.common import PREFIX, Probe, percentile_ms, print_table
+from labkit.kernel import RUNC, remove_tree, unique, volume_writer_lifecycle, wait_for, wait_reported
 from labkit.scenario import guard_env
 
 MEMORY = "/sys/fs/cgroup/memory"
+STOCK = "stock runc 1.1.5"
 
 
 def memcgs() -> int:
@@ -87,15 +91,40 @@ class Front:
                 round(statistics.median(self.replies) * 1000, 1), sorted(set(self.statuses)))
 
 
-def large(front: Front, workdir: str, volume: str, mib: int) -> tuple[object, ...]:
-    """One container with ``mib`` MiB of dirty page cache: the delete's time and what stays charged."""
+#: How long the large case waits for the page cache below its parent to go (writeback of a dirty GiB
+#: waits for the kernel's flusher, dirty_expire_centisecs: 30 s by default; late_reclaim.LATE_MAX 120 s).
+FREED_WAIT = 200.0
+#: Below this the large container's memcg counts as freed (kernel memory is reparented, not page cache).
+FREED_KB = 8 << 10
+
+
+def large(front: Front, workdir: str, volume: str, mib: int, synced: bool) -> tuple[object, ...]:
+    """One container with ``mib`` MiB of page cache (dirty, or clean when ``synced``): the delete's reply
+    time, how long until the cache below its parent is gone (runc-guard: held, reclaimed after the reply
+    by the finisher; stock: it stays) and the cgroup probe's latency meanwhile against just before."""
     parent = unique(f"{PREFIX}-memcg-large")
     os.mkdir(os.path.join(MEMORY, parent))
+    probe_parent = unique(f"{PREFIX}-memcg-probe")
+    os.mkdir(os.path.join(MEMORY, probe_parent))
     try:
-        life = volume_writer_lifecycle(workdir, parent, volume, front.argv, front.env, mib)
-        return (front.name, mib, round(life.delete_s * 1000, 1), life.status, usage_kb(parent))
+        with Probe(os.path.join(MEMORY, probe_parent)) as probe:
+            time.sleep(5)  # the probe's idle phase
+            probe.mark()
+            life = volume_writer_lifecycle(workdir, parent, volume, front.argv, front.env, mib, synced)
+            replied = time.monotonic()
+            probe.mark()
+            # stock has nothing that would free it: 15 s show that (the lifecycles' settle time)
+            wait = FREED_WAIT if front.name != STOCK else 15.0
+            freed = wait_for(lambda: usage_kb(parent) < FREED_KB, wait, 0.1)
+            after = time.monotonic() - replied if freed else None
+            idle, _, late = probe.phases()[:3]
+        return (front.name, mib, "clean" if synced else "dirty", round(life.delete_s * 1000, 1), life.status,
+                f"{after:.1f}" if after is not None else f"not in {wait:.0f}", usage_kb(parent),
+                round(percentile_ms(idle, 50), 2), round(percentile_ms(idle, 99), 2),
+                round(percentile_ms(late, 50), 2), round(percentile_ms(late, 99), 2))
     finally:
         remove_everywhere(parent)
+        remove_everywhere(probe_parent)
 
 
 def remove_everywhere(parent: str) -> None:
@@ -108,7 +137,7 @@ def report_stats(workdir: str) -> None:
     if not os.path.exists(stats):
         return
     with open(stats) as f:
-        lines = [json.loads(line) for line in f]
+        lines = [doc for doc in map(json.loads, f) if doc.get("kind") != "memcg"]  # deletes only
     kb = [line.get("reclaimed_kb", 0) for line in lines]
     left = sum(line.get("memcg_left", 0) for line in lines)
     print(f"\nrunc-guard's stats lines: {len(lines)} deletes, reclaimed KiB p50 "
@@ -137,8 +166,11 @@ def main() -> int:
     shim = os.path.join(os.path.dirname(sys.executable), "runc-guard")
     workdir = tempfile.mkdtemp(prefix=f"{PREFIX}-memcg-")
     volume = tempfile.mkdtemp(prefix=f"{PREFIX}-volume-", dir="/var/tmp")
-    fronts = [Front("stock runc 1.1.5", [RUNC], dict(os.environ)),
+    fronts = [Front(STOCK, [RUNC], dict(os.environ)),
               Front("runc-guard", [shim], guard_env(workdir))]
+    # the large case with the finisher on, as shipped (guard_env turns it off for the lifecycles:
+    # they reclaim on the reply's time and leave no detached helper behind)
+    finishing = Front("runc-guard", [shim], guard_env(workdir, RUNC_GUARD_FINISH_WINDOW="60"))
     try:
         before = memcgs()
         for front in fronts:  # one front at a time: the memcg count is node-wide
@@ -150,9 +182,12 @@ def main() -> int:
             [front.row(args.lifecycles) for front in fronts],
         )
         print_table(
-            f"one container with {args.large_mib} MiB of page cache (dirty) in a volume",
-            ["front", "MiB", "delete ms", "exit", "KiB left charged"],
-            [large(front, workdir, volume, args.large_mib) for front in fronts],
+            f"one container with {args.large_mib} MiB of page cache in a volume; cgroup probe (mkdir+rmdir) "
+            "ms 5 s before vs from the reply until freed",
+            ["front", "MiB", "cache", "delete ms", "exit", "freed after s", "KiB left charged",
+             "probe p50 before", "probe p99 before", "probe p50 after", "probe p99 after"],
+            [large(front, workdir, volume, args.large_mib, synced)
+             for synced in (True, False) for front in (fronts[0], finishing)],
         )
         report_stats(workdir)
         print(f"memory cgroups on the node: {before} before, {memcgs()} after")
