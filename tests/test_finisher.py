@@ -644,3 +644,40 @@ def test_the_finisher_reclaims_a_memcg_before_it_removes_it(lab: Lab) -> None:
     entry = lab.entry()
     assert entry["memcg_reclaimed_kb"] == 3 << 10 and "memcg_unreclaimed" not in entry
     assert [s["reclaimed_kb"] for s in lab.stats()] == [3 << 10]
+
+
+
+def test_a_held_memcg_keeps_the_finisher_until_it_is_reclaimed(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No pending record, one held memcg (delete.memcg_hold): the finisher takes one step of its reclaim
+    per pass, past its window, until it is done; one memcg_reclaimed_late entry and a stats line that
+    metrics counts as memory, not as a delete."""
+    import time
+
+    import runc_guard.node.finisher as finisher_mod
+    from runc_guard.atomic import write_atomic
+    from runc_guard.delete.memcg_hold import record_file
+    from runc_guard.node.late_reclaim import Step
+
+    held = "/cg/memory/pod/.runc-guard-held.c1"
+    record = record_file(lab.settings.cache_dir, held)
+    doc = {"container_id": "c1", "runtime_root": lab.root, "original": "/cg/memory/pod/c1", "held": held,
+           "reason": "too much dirty (writeback would block)", "created": time.time()}
+    write_atomic(record, json.dumps(doc).encode(), 0o600, durable=False, dir_mode=0o700)
+    steps: list[str] = []
+
+    def step(path: str, got: dict[str, object]) -> Step:
+        steps.append(str(got["held"]))
+        if len(steps) < 4:
+            return Step(False, 64 << 20, 192 << 20, "dirty pages waiting for writeback")
+        os.unlink(path)
+        return Step(True, 192 << 20, 0, "")
+
+    monkeypatch.setattr(finisher_mod, "late_step", step)
+    run(lab.settings, 0.0, _finisher(lab), quiet=0)  # window 0: it would leave at once, but for the memcg
+    assert steps == [held] * 4 and not os.path.exists(record)
+    [entry] = lab.events()
+    assert (entry["event"], entry["held"]) == ("memcg_reclaimed_late", held)
+    assert entry["memcg_reclaimed_kb"] == 384 << 10
+    assert [(s["kind"], s["reclaimed_kb"]) for s in lab.stats()] == [("memcg", 384 << 10)]
