@@ -147,3 +147,21 @@ def test_a_held_memcgs_late_reclaim_counts_memory_not_a_delete() -> None:
             "waited_ms": 0, "removed": 0, "reclaimed_kb": 1024, "memcg_left": 0}
     assert apply_delete_line(state, json.dumps(line).encode())
     assert state["deletes"] == {} and state["memcg_reclaimed_kb"] == 1024
+
+
+def test_audit_lists_held_memcgs_and_calls_an_old_one_a_problem(tmp_path: Path) -> None:
+    from runc_guard.node.audit import HELD_STALE, AuditReport, held_memcgs, judge
+
+    cg = _v1(tmp_path / "memory" / "pod" / "ctr1")
+    held = memcg_hold.hold(str(cg), str(tmp_path / "cache"), "ctr1", "/r", TOO_LARGE)
+    [(_, doc)] = list(memcg_hold.iter_held(str(tmp_path / "cache")))
+    assert doc is not None
+    found = held_memcgs(str(tmp_path / "cache"), float(doc["created"]) + 1)
+    assert [(h["held"], h["exists"], h["age_seconds"]) for h in found] == [(held, True, 1.0)]
+    report = AuditReport([])
+    report.held_memcgs = found
+    judge(report, 10, 3600.0, None)
+    assert report.status == "ok"
+    report.held_memcgs = held_memcgs(str(tmp_path / "cache"), float(doc["created"]) + HELD_STALE + 1)
+    judge(report, 10, 3600.0, None)
+    assert report.status == "problem" and "held memory cgroup" in report.message

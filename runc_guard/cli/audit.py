@@ -21,6 +21,7 @@ from runc_guard.node.audit import (
     audit,
     families,
     fronted_runtime,
+    held_memcgs,
     judge,
     lost_entries,
     stepped_aside,
@@ -70,6 +71,7 @@ def run_audit(
     report.runtime = fronted_runtime(os.environ)
     report.aside = stepped_aside(settings.cache_dir, fs, now)
     report.lost_entries = lost_entries(settings.cache_dir)
+    report.held_memcgs = held_memcgs(settings.cache_dir, now)
     code = judge(report, max_leaked, pending_max_age, config_error)
     return report, code, now
 

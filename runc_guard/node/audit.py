@@ -33,6 +33,10 @@ NPD_UNKNOWN = 2
 DEFAULT_PENDING_MAX_AGE = 1800.0
 
 
+#: A held memcg still recorded this long after its hold outlived both the finisher (late_reclaim.LATE_MAX
+#: + finisher.HOLD_MAX) and the sweep's timer after it: a problem.
+HELD_STALE = 600.0
+
 @dataclass
 class PodLeak:
     pod: str
@@ -74,6 +78,8 @@ class AuditReport:
     aside: list[dict[str, Any]] = field(default_factory=list)
     #: Log entries a delete could neither spool nor write to the fallback file (since boot).
     lost_entries: int = 0
+    #: Memory cgroups deletes held aside for a late reclaim (delete.memcg_hold) and not finished yet.
+    held_memcgs: list[dict[str, Any]] = field(default_factory=list)
     status: str = "ok"
     message: str = ""
 
@@ -147,6 +153,21 @@ def stepped_aside(cache_dir: str, fs: CgroupFsOps, now: float) -> list[dict[str,
             {"record": path, "container_id": cid, "reason": doc.get("reason", ""), "cgroup_dirs": len(left),
              "age_seconds": age}
         )
+    return found
+
+
+def held_memcgs(cache_dir: str, now: float) -> list[dict[str, Any]]:
+    """Held memory cgroups not finished yet: the record, its directory, age. Look, never touch."""
+    from runc_guard.delete.memcg_hold import iter_held
+
+    found: list[dict[str, Any]] = []
+    for path, doc in iter_held(cache_dir):
+        if doc is None:
+            found.append({"record": path, "error": "unusable held-memcg record"})
+            continue
+        found.append({"record": path, "container_id": doc["container_id"], "held": doc["held"],
+                      "exists": os.path.lexists(str(doc["held"])), "reason": doc["reason"],
+                      "age_seconds": round(now - float(doc["created"]), 1)})
     return found
 
 
@@ -261,6 +282,9 @@ def judge(
         problems.append(f"{len(report.aside)} stepped-aside delete(s) left cgroups or state behind")
     if report.lost_entries:
         problems.append(f"{report.lost_entries} delete log entr(ies) lost (no spool, no fallback file)")
+    stale = [h for h in report.held_memcgs if h.get("age_seconds", 0) > HELD_STALE or "error" in h]
+    if stale:
+        problems.append(f"{len(stale)} held memory cgroup(s) no finisher or sweep finished")
     if problems:
         report.status = "problem"
         report.message = "CgroupLeak: " + "; ".join(problems)
@@ -341,6 +365,11 @@ def families(report: AuditReport, now: float) -> list[Family]:
             "runc_guard_stepped_aside_leftovers",
             "Deletes that stepped aside (the runtime acted alone) whose cgroups or state remain.",
             len(report.aside),
+        ),
+        Family.one(
+            "runc_guard_memcgs_held",
+            "Memory cgroups held aside for a reclaim after the delete's reply, not finished yet.",
+            len(report.held_memcgs),
         ),
         Family.one(
             "runc_guard_lost_log_entries",
