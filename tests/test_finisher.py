@@ -647,24 +647,31 @@ def test_the_finisher_reclaims_a_memcg_before_it_removes_it(lab: Lab) -> None:
 
 
 
+def _held(lab: Lab, name: str, reason: str = "page cache too large") -> tuple[str, str]:
+    """A held-memcg record as delete.memcg_hold writes it (the directory itself is the fake's)."""
+    import time
+
+    from runc_guard.atomic import write_atomic
+    from runc_guard.delete.memcg_hold import record_file
+
+    held = f"/cg/memory/pod/.runc-guard-held.{name}"
+    doc = {"container_id": name, "runtime_root": lab.root, "original": f"/cg/memory/pod/{name}", "held": held,
+           "reason": reason, "created": time.time()}
+    record = record_file(lab.settings.cache_dir, held)
+    write_atomic(record, json.dumps(doc).encode(), 0o600, durable=False, dir_mode=0o700)
+    return held, record
+
+
 def test_a_held_memcg_keeps_the_finisher_until_it_is_reclaimed(
     lab: Lab, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No pending record, one held memcg (delete.memcg_hold): the finisher takes one step of its reclaim
     per pass, past its window, until it is done; one memcg_reclaimed_late entry and a stats line that
     metrics counts as memory, not as a delete."""
-    import time
-
     import runc_guard.node.finisher as finisher_mod
-    from runc_guard.atomic import write_atomic
-    from runc_guard.delete.memcg_hold import record_file
     from runc_guard.node.late_reclaim import Step
 
-    held = "/cg/memory/pod/.runc-guard-held.c1"
-    record = record_file(lab.settings.cache_dir, held)
-    doc = {"container_id": "c1", "runtime_root": lab.root, "original": "/cg/memory/pod/c1", "held": held,
-           "reason": "too much dirty (writeback would block)", "created": time.time()}
-    write_atomic(record, json.dumps(doc).encode(), 0o600, durable=False, dir_mode=0o700)
+    held, record = _held(lab, "c1", "too much dirty (writeback would block)")
     steps: list[str] = []
 
     def step(path: str, got: dict[str, object]) -> Step:
@@ -681,3 +688,23 @@ def test_a_held_memcg_keeps_the_finisher_until_it_is_reclaimed(
     assert (entry["event"], entry["held"]) == ("memcg_reclaimed_late", held)
     assert entry["memcg_reclaimed_kb"] == 384 << 10
     assert [(s["kind"], s["reclaimed_kb"]) for s in lab.stats()] == [("memcg", 384 << 10)]
+
+
+def test_one_pass_reclaims_a_bounded_share_of_all_held_memcgs(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A storm of large caches is reclaimed at HELD_PASS_BYTES a pass, not a step per memcg per pass."""
+    import runc_guard.node.finisher as finisher_mod
+    from runc_guard.node.late_reclaim import Step
+
+    for name in ("a", "b", "c"):
+        _held(lab, name)
+    stepped: list[str] = []
+
+    def step(path: str, got: dict[str, object]) -> Step:
+        stepped.append(str(got["container_id"]))
+        return Step(False, finisher_mod.HELD_PASS_BYTES // 2 + 1, 1 << 30, "reclaiming")
+
+    monkeypatch.setattr(finisher_mod, "late_step", step)
+    assert _finisher(lab).reclaim_held() == 3
+    assert len(stepped) == 2  # the second step passed the pass's share: the third waits for the next pass

@@ -85,6 +85,9 @@ POLL = 0.5
 QUIET = 5.0
 #: Dead-shim cleanups still running hold the finisher back at most this long after the last new record.
 HOLD_MAX = 30.0
+#: What one pass reclaims from held memcgs at most, all of them together (a storm of large caches
+#: is reclaimed at this pace, ~2 passes a second, not a step per memcg per pass).
+HELD_PASS_BYTES = 256 << 20
 #: A runtime's delete gets this long; the removal after it, this long.
 RUNTIME_BUDGET = 10.0
 REMOVE_BUDGET = 2.0
@@ -379,9 +382,12 @@ class Finisher:
         A record that is still not done LATE_MAX + HOLD_MAX s after it was written (a process moved
         into the held memcg, or a path the finisher may not touch) is left to the sweep and audit.
         """
-        left = 0
+        left = spent = 0
         for path, doc in iter_held(self.settings.cache_dir):
             if doc is None or self.attempts.get(path, 0) >= MAX_ATTEMPTS:
+                continue
+            if spent >= HELD_PASS_BYTES:
+                left += 1  # this pass has reclaimed its share: the next one goes on
                 continue
             try:
                 result = late_step(path, doc)
@@ -390,6 +396,7 @@ class Finisher:
                 reason = f"{type(exc).__name__}: {exc}"
                 self._log_left(str(doc["container_id"]), str(doc["runtime_root"]), reason)
                 continue
+            spent += result.reclaimed
             self.reclaimed_held[path] = self.reclaimed_held.get(path, 0) + result.reclaimed
             if result.done:
                 self._report_held(doc, self.reclaimed_held.pop(path), result)
