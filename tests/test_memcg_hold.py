@@ -165,3 +165,28 @@ def test_audit_lists_held_memcgs_and_calls_an_old_one_a_problem(tmp_path: Path) 
     report.held_memcgs = held_memcgs(str(tmp_path / "cache"), float(doc["created"]) + HELD_STALE + 1)
     judge(report, 10, 3600.0, None)
     assert report.status == "problem" and "held memory cgroup" in report.message
+
+
+def test_the_sweep_finishes_only_what_a_finisher_gave_up_on(tmp_path: Path) -> None:
+    """A held memcg no finisher finished: once a finisher would have given up (LATE_MAX + HOLD_MAX),
+    the sweep takes the final step; a younger one is the finisher's."""
+    import time
+    from types import SimpleNamespace
+
+    from runc_guard.cli.sweep import _finish_held
+    from runc_guard.node.finisher import HOLD_MAX
+    from runc_guard.node.sweep import SweepReport
+
+    cache = tmp_path / "cache"
+    young = memcg_hold.hold(str(_v1(tmp_path / "memory" / "a")), str(cache), "a", "/r", TOO_LARGE)
+    old = memcg_hold.hold(str(_v1(tmp_path / "memory" / "b")), str(cache), "b", "/r", TOO_LARGE)
+    assert young and old
+    for path, doc in memcg_hold.iter_held(str(cache)):
+        if doc is not None and doc["held"] == old:
+            doc["created"] = time.time() - late_reclaim.LATE_MAX - HOLD_MAX - 1
+            Path(path).write_text(json.dumps(doc))
+    os.rename(old, str(tmp_path / "elsewhere"))  # its directory gone: the sweep drops the record
+    report = SweepReport(False, [])
+    _finish_held(SimpleNamespace(cache_dir=str(cache)), report)  # type: ignore[arg-type]
+    assert report.held_cleared == 1 and report.errors == []
+    assert [doc["held"] for _, doc in memcg_hold.iter_held(str(cache)) if doc] == [young]
