@@ -146,3 +146,25 @@ def test_a_memcg_without_page_cache_is_not_forced(tmp_path: Path) -> None:
     (cg / "memory.stat").write_text("cache 0\nrss 0\ndirty 0\nwriteback 0\n")
     result = reclaim.reclaim(str(cg), deadline=float("inf"))
     assert (cg / "memory.force_empty").read_text() == "" and result.skipped == "" and result.reclaimed == 0
+
+
+def test_the_budget_starts_at_the_first_charged_memcg_not_the_first_empty_directory() -> None:
+    """A container's freezer directory empties first, its memory one only once a slow process has died
+    (seconds later): the reclaim's 0.1 s counts from the memory cgroup, not from the freezer."""
+    clock = FakeClock()
+    fs = FakeCgroupFs(clock)
+    fs.add("/cg/freezer/pod/ctr")
+    fs.add("/cg/memory/pod/ctr", pids=[42])
+    fs.charged["/cg/memory/pod/ctr"] = 1 << 20
+
+    def exit_later(fs: FakeCgroupFs) -> None:
+        if clock.now - start > 2.0:
+            fs.exit(42)
+
+    start = clock.now
+    fs.on_wait = exit_later
+    report = drain(["/cg/freezer/pod/ctr", "/cg/memory/pod/ctr"], fs, clock() + 4, 0.1, may_kill=False,
+                   clock=clock, reclaim_budget=0.1)  # fmt: skip
+    [(path, until)] = fs.reclaims
+    assert path == "/cg/memory/pod/ctr" and until > start + 2.0, (until, start)
+    assert report.reclaimed == 1 << 20 and report.unreclaimed == {}

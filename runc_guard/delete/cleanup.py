@@ -162,9 +162,13 @@ class Reclaimer:
         if self.budget <= 0 or path in self.done:
             return
         self.done.add(path)
-        if self.until is None:
-            self.until = min(self.deadline, self.clock() + self.budget)
-        result = self.fs.reclaim_memory(path, self.until)
+        until = self.until if self.until is not None else min(self.deadline, self.clock() + self.budget)
+        result = self.fs.reclaim_memory(path, until)
+        if self.until is None and result.before:
+            # The budget starts here, at the first memory cgroup with pages charged: not at the first
+            # empty directory of any hierarchy (a freezer or pids directory empties first, and the
+            # memory one, held up by a process dying slowly, seconds later).
+            self.until = until
         self.report.reclaimed += result.reclaimed
         if result.skipped and self.hold is not None and holdable(result.skipped):
             held = self.hold(path, result.skipped)
