@@ -96,8 +96,11 @@ def summary(handler: str, result: loopbench.Result, minutes: float, why: dict[st
     restarts = sum(loop.restarts for loop in result.loops[handler])
     start = result.samples[0]
     outcomes: dict[str, int] = {}
+    left_by: dict[str, int] = {}  # memcgs left charged, by the delete's outcome (did it wait?)
     for s in result.stats:
         outcomes[str(s.get("outcome"))] = outcomes.get(str(s.get("outcome")), 0) + 1
+        if s.get("memcg_left"):
+            left_by[str(s.get("outcome"))] = left_by.get(str(s.get("outcome")), 0) + int(str(s["memcg_left"]))
     return {
         "restarts": restarts,
         "per_minute": restarts / minutes,
@@ -110,6 +113,7 @@ def summary(handler: str, result: loopbench.Result, minutes: float, why: dict[st
         "reclaimed_kb": sum(int(str(s.get("reclaimed_kb", 0))) for s in result.stats),
         "memcg_left": sum(int(str(s.get("memcg_left", 0))) for s in result.stats),
         "unreclaimed": why,
+        "left_by_outcome": left_by,
         "stuck": sum(loop.stuck for loop in result.loops[handler]),
         "errors": [e for loop in result.loops[handler] for e in loop.errors],
     }
@@ -124,7 +128,7 @@ def report(runs: dict[str, dict[str, Any]], labels: dict[str, str], title: str, 
         if handler == cr.GUARD_HANDLER:
             deletes += (f"; runc-guard outcomes {json.dumps(s['outcomes'])}, reclaimed "
                         f"{s['reclaimed_kb']:,} KiB, memcgs left charged {s['memcg_left']} "
-                        f"{json.dumps(s['unreclaimed'])}")
+                        f"{json.dumps(s['unreclaimed'])}, by outcome {json.dumps(s['left_by_outcome'])}")
         rows.append([
             labels[handler], s["restarts"], f"{s['per_minute']:.1f}", " / ".join(str(m) for m in s["memcgs"]),
             "-" if growth is None else f"{growth:+.3f}", " / ".join(f"{k:,}" for k in s["pinned_kb"]),
@@ -190,7 +194,7 @@ def main() -> int:
                     progress=True, workload=appender(volumes, args.mib), probe=probe)
                 why = unreclaimed(lab, result) if handler == cr.GUARD_HANDLER else {}
                 runs[handler] = {"summary": summary(handler, result, args.minutes, why),
-                                 "samples": result.samples}
+                                 "samples": result.samples, "deletes": result.stats}
                 for loop in result.loops[handler]:  # its pause container and cgroups go before the next run
                     with contextlib.suppress(RuntimeError, OSError):
                         lab.remove_pod(loop.pod)
