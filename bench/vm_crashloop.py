@@ -48,14 +48,15 @@ def dying_table(loop: dict[str, Any], args: argparse.Namespace) -> None:
         rows.append([
             handler, r["restarts"] - 1, r["per_minute"], three(r, "pod"),
             f"{growth / max(r['restarts'] - 1, 1):+.3f}", three(r, "root"), three(r, "pod_kb"),
-            json.dumps(r["exits"]), json.dumps(r["outcomes"]),
+            json.dumps(r["exits"]), json.dumps(r["outcomes"]), json.dumps(r["memcg"]),
         ])  # fmt: skip
     print_table(
         f"emptyDir crash loop, {args.mib} MiB appended per attempt, pid={args.pid}, "
         "both handlers at once (TCG)",
         ["handler", "restarts", "restarts/min", "dying below the pod slice start / end / end+15 s",
          "per restart (end+15 s)", "dying below the root start / end / end+15 s",
-         "KiB below the pod slice start / end / end+15 s", "exits", "runc-guard journal"],
+         "KiB below the pod slice start / end / end+15 s", "exits", "runc-guard journal",
+         "runc-guard journal: memcgs reclaimed (KiB, deletes) / left charged (why)"],
         rows,
     )  # fmt: skip
 
@@ -91,7 +92,7 @@ def main() -> None:
             sum(a["records"] for a in after), json.dumps(r["exits"]), json.dumps(r["outcomes"]),
         ])  # fmt: skip
     print_table(
-        f"OOM crash loop, pid={args.pid}, {args.minutes:g} min budget (TCG)",
+        f"{'emptyDir' if args.mib else 'OOM'} crash loop, pid={args.pid}, {args.minutes:g} min budget (TCG)",
         ["handler", "restarts", "oom_kill", "s/restart", "dirs", "scope units", "states", "records",
          "dirs after sweep", "states after sweep", "records after sweep", "exits", "runc-guard journal"],
         rows,

@@ -204,7 +204,8 @@ def deletes(cid: str) -> list[dict[str, object]]:
     found = []
     for line in out.stdout.splitlines():
         entry = json.loads(line)
-        keys = ("EVENT", "OUTCOME", "EXIT_STATUS", "FORCE", "WAITED_MS", "PRIORITY")
+        keys = ("EVENT", "OUTCOME", "EXIT_STATUS", "FORCE", "WAITED_MS", "PRIORITY", "MEMCG_RECLAIMED_KB",
+                "MEMCG_UNRECLAIMED")
         found.append({k.lower(): entry[k] for k in keys if k in entry})
     return found
 
@@ -480,9 +481,11 @@ def attempts_of(pod: Pod, mib: int) -> tuple[list[str], str]:
     return append_command(mib), volume
 
 
-def journal_outcomes(ids: list[str]) -> tuple[int, int, dict[str, int]]:
-    """runc-guard's delete entries of ``ids``: how many, how many ids had none, outcome/exit counts."""
+def journal_outcomes(ids: list[str]) -> tuple[int, int, dict[str, int], dict[str, Any]]:
+    """runc-guard's delete entries of ``ids``: how many, how many ids had none, outcome/exit counts,
+    and what they reclaimed (KiB, deletes that did) and left charged (reason -> memcgs)."""
     outcomes: dict[str, int] = {}
+    memcg: dict[str, Any] = {"reclaimed_kb": 0, "reclaimed_by": 0, "unreclaimed": {}}
     journal = silent = 0
     for c in ids:
         entries = deletes(c)
@@ -493,7 +496,12 @@ def journal_outcomes(ids: list[str]) -> tuple[int, int, dict[str, int]]:
             journal += 1
             key = f"{e.get('outcome')}/{e.get('exit_status')}"
             outcomes[key] = outcomes.get(key, 0) + 1
-    return journal, silent, outcomes
+            if int(str(e.get("memcg_reclaimed_kb", 0))):
+                memcg["reclaimed_kb"] += int(str(e["memcg_reclaimed_kb"]))
+                memcg["reclaimed_by"] += 1
+            for reason in json.loads(str(e.get("memcg_unreclaimed", "{}"))).values():
+                memcg["unreclaimed"][reason] = memcg["unreclaimed"].get(reason, 0) + 1
+    return journal, silent, outcomes, memcg
 
 
 def crash_loop(
@@ -547,7 +555,7 @@ def crash_loop(
         settled = sampler.sample()
         kills = oom_kills(pod)
         per = [left(c) for c in ids]
-        journal, silent, outcomes = journal_outcomes(ids)
+        journal, silent, outcomes, memcg = journal_outcomes(ids)
         units: dict[str, int] = {}
         for p in per:
             units[str(p["unit"])] = units.get(str(p["unit"]), 0) + 1
@@ -562,7 +570,8 @@ def crash_loop(
             "units": units, "units_left": sum(1 for p in per if p["unit"] != "gone"),
             "states": sum(bool(p["state"]) for p in per),
             "records": sum(int(p["records"]) for p in per),  # type: ignore[call-overload]
-            "journal_deletes": journal, "journal_silent": silent, "outcomes": outcomes, "ids": ids,
+            "journal_deletes": journal, "journal_silent": silent, "outcomes": outcomes,
+            "memcg": memcg, "ids": ids,
         }  # fmt: skip
     finally:
         sampler.stop.set()
