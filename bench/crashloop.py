@@ -46,7 +46,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +87,10 @@ class PodLoop:
     after_last_s: list[float] = field(default_factory=list)
     stuck: int = 0  # crashed containers CRI never reported EXITED within EXIT_TIMEOUT
     errors: list[str] = field(default_factory=list)
+    #: What each attempt runs (its init must fork CHILDREN processes: :func:`crash` waits for them).
+    command: list[str] = field(default_factory=lambda: cl.sleepers_command(CHILDREN))
+    #: CRI mounts of each attempt (e.g. the pod's emptyDir, bench.memcg_crashloop).
+    mounts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def restarts(self) -> int:
@@ -145,7 +149,8 @@ def create_attempt(lab: cr.CriLab, loop: PodLoop, attempt: int) -> tuple[str, st
         {
             "metadata": {"name": "crash", "attempt": attempt},
             "image": {"image": images.BUSYBOX_IMAGE},
-            "command": cl.sleepers_command(CHILDREN),
+            "command": loop.command,
+            "mounts": loop.mounts,
             "log_path": f"crash-{attempt}.log",
             "linux": {
                 "security_context": {"namespace_options": {"network": cr.NODE, "pid": loop.pod.pid_mode}}
@@ -301,12 +306,17 @@ def dir_size(path: str, names: list[str] | None = None) -> tuple[int, int]:
     return files, total
 
 
+#: A bench's own figures, read with every sample: the loops per handler -> more keys of the row.
+Probe = Callable[[dict[str, list[PodLoop]]], dict[str, Any]]
+
+
 class Sampler(threading.Thread):
     """Every ``interval`` s: leftovers per handler, runc-guard's helpers, pending and spool sizes."""
 
-    def __init__(self, lab: cr.CriLab, loops: dict[str, list[PodLoop]], interval: float) -> None:
+    def __init__(self, lab: cr.CriLab, loops: dict[str, list[PodLoop]], interval: float,
+                 probe: Probe | None = None) -> None:
         super().__init__(daemon=True)
-        self.lab, self.loops, self.interval = lab, loops, interval
+        self.lab, self.loops, self.interval, self.probe = lab, loops, interval, probe
         self.samples: list[dict[str, Any]] = []
         self.stop = threading.Event()
         self.start_time = time.monotonic()
@@ -326,6 +336,8 @@ class Sampler(threading.Thread):
         row["helpers"] = helper_processes(self.lab.settings["RUNC_GUARD_CACHE_DIR"])
         row["pending"] = dir_size(pending, records)
         row["spool"] = dir_size(spool, [os.path.basename(p) for p in pending_files(spool)])
+        if self.probe is not None:
+            row.update(self.probe(self.loops))
         return row
 
     def run(self) -> None:
@@ -376,15 +388,26 @@ def seeded_delays(seed: int, pods: int, count: int = 4096) -> list[list[float]]:
     return [[round(rng.uniform(*TEARDOWN), 2) for _ in range(count)] for _ in range(pods)]
 
 
+#: A pod -> what its attempts run and the CRI mounts they get.
+Workload = Callable[[cr.Pod], tuple[list[str], list[dict[str, Any]]]]
+
+
 def crash_loops(lab: cr.CriLab, pods: int, seconds: float, seed: int, settle: float,
                 interval: float = 2.0, handlers: tuple[str, ...] = (cr.STOCK_HANDLER, cr.GUARD_HANDLER),
-                pid_mode: int = cr.NODE, progress: bool = False) -> Result:
-    """Run ``pods`` crash loops per handler at once for ``seconds``; count what is left twice."""
+                pid_mode: int = cr.NODE, progress: bool = False, workload: Workload | None = None,
+                probe: Probe | None = None) -> Result:
+    """Run ``pods`` crash loops per handler at once for ``seconds``; count what is left twice.
+
+    ``workload``: what each pod's attempts run and mount (default: the sleepers alone);
+    ``probe``: more figures for every sample.
+    """
     delays = seeded_delays(seed, pods)
     loops = {h: [PodLoop(h, lab.run_pod(h, pid_mode, "rgloop"), delays[i]) for i in range(pods)]
              for h in handlers}
+    for loop in (loop for h in handlers for loop in loops[h]) if workload is not None else ():
+        loop.command, loop.mounts = workload(loop.pod)
     states = CriStates(lab)
-    sampler = Sampler(lab, loops, interval)
+    sampler = Sampler(lab, loops, interval, probe)
     holds: list[FreezerHold] = []
     started = time.monotonic()
     states.start()
@@ -537,6 +560,16 @@ def dump(result: Result, title: str, labels: dict[str, str], loop_seconds: float
     }
 
 
+def node_overrides(finish_window: str | None = None) -> dict[str, str]:
+    """runc-guard's settings as a node runs them, not as the labs' tests do.
+
+    The node's reporter linger (the labs use 0 so that tests see each entry at once) and
+    the shipped finish window (the labs turn the finisher off), or ``finish_window``.
+    """
+    return {"RUNC_GUARD_REPORTER_LINGER": str(Settings().reporter_linger),
+            "RUNC_GUARD_FINISH_WINDOW": finish_window or str(Settings().finish_window)}
+
+
 @contextlib.contextmanager
 def lab_in(workdir: str, containerd: str, runc: str | None, **overrides: str) -> Iterator[cr.CriLab]:
     """A CRI lab for containerd ``containerd`` (runc ``runc``, default its own) in ``workdir``."""
@@ -588,12 +621,7 @@ def main() -> int:
     # SIGTERM unwinds like Ctrl-C, so the lab (containerd, shims, pods, holds) is always stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
-    # The node's reporter linger (the labs use 0 so that tests see each entry at once).
-    # The shipped finish window too (the labs turn the finisher off).
-    overrides = {"RUNC_GUARD_REPORTER_LINGER": str(Settings().reporter_linger),
-                 "RUNC_GUARD_FINISH_WINDOW": str(Settings().finish_window)}
-    if args.finish_window is not None:
-        overrides["RUNC_GUARD_FINISH_WINDOW"] = args.finish_window
+    overrides = node_overrides(args.finish_window)
     workdir = args.workdir or tempfile.mkdtemp(prefix="rgloop-")
     try:
         with lab_in(workdir, args.containerd, args.runc, **overrides) as lab:

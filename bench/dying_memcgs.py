@@ -54,11 +54,14 @@ def usage_kb(parent: str) -> int:
         return int(f.read()) >> 10
 
 
-def drop_page_cache() -> None:
-    """Write back and drop the clean page cache, so dying memcgs left by earlier work go first."""
+def drop_page_cache(what: int = 1) -> None:
+    """Write back and drop the clean page cache, so dying memcgs left by earlier work go first.
+
+    ``what`` 3 drops the reclaimable slab (dentries, inodes) too, which can pin a dying memcg as well.
+    """
     os.sync()
     with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("1")
+        f.write(str(what))
     time.sleep(2)
 
 

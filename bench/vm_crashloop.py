@@ -11,7 +11,15 @@ previous one. Then ``runc-guardctl sweep``, and what each handler left: cgroup
 directories, scope units, runc states, pending records; exits and runc-guard's
 journal outcomes. Figures are TCG's: ~15-25x slower than the host.
 
-Run: ``python -m bench.vm_crashloop [--restarts 300] [--minutes 25] [--pid container]``.
+``--mib N``: the emptyDir variant (issue 32): each attempt appends N MiB to its
+pod's emptyDir (a guest directory that outlives the attempts; no fsync) and
+exits 1, instead of being OOM-killed (a memcg OOM would first reclaim that page
+cache itself). Throughout, every 5 s, ``nr_dying_descendants`` of each pod's
+slice (per parent on v2: the handlers run in parallel without mixing) and of
+the root (the node's, both handlers), and the memory charged below each slice;
+reported at the start, when the last attempt is removed, and 15 s later.
+
+Run: ``python -m bench.vm_crashloop [--restarts 300] [--minutes 25] [--pid container] [--mib 1]``.
 """
 
 from __future__ import annotations
@@ -27,10 +35,38 @@ from bench.common import print_table, vm_bench_args
 from labkit import vm
 
 
+def dying_table(loop: dict[str, Any], args: argparse.Namespace) -> None:
+    """The emptyDir variant's figures: dying cgroups per pod slice and at the root, three times."""
+
+    def three(r: dict[str, Any], key: str) -> str:
+        return " / ".join(str(r["dying"][when][key]) for when in ("start", "end", "settled"))
+
+    rows = []
+    for handler in ("stock", "runc"):
+        r = loop[handler]
+        growth = r["dying"]["settled"]["pod"] - r["dying"]["start"]["pod"]
+        rows.append([
+            handler, r["restarts"] - 1, r["per_minute"], three(r, "pod"),
+            f"{growth / max(r['restarts'] - 1, 1):+.3f}", three(r, "root"), three(r, "pod_kb"),
+            json.dumps(r["exits"]), json.dumps(r["outcomes"]), json.dumps(r["memcg"]),
+        ])  # fmt: skip
+    print_table(
+        f"emptyDir crash loop, {args.mib} MiB appended per attempt, pid={args.pid}, "
+        "both handlers at once (TCG)",
+        ["handler", "restarts", "restarts/min", "dying below the pod slice start / end / end+15 s",
+         "per restart (end+15 s)", "dying below the root start / end / end+15 s",
+         "KiB below the pod slice start / end / end+15 s", "exits", "runc-guard journal",
+         "runc-guard journal: memcgs reclaimed (KiB, deletes) / left charged (why)"],
+        rows,
+    )  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--restarts", type=int, default=300, help="per handler, at most")
     parser.add_argument("--minutes", type=float, default=25.0, help="stop starting attempts after this")
+    parser.add_argument("--mib", type=int, default=0,
+                        help="the emptyDir variant: MiB appended per attempt, which exits 1 (0: OOM kills)")
     args = vm_bench_args(parser)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rgvm-bench-") as tmp, vm.booted_vm(tmp) as node:
@@ -39,6 +75,7 @@ def main() -> None:
         seconds = args.minutes * 60
         loop: dict[str, Any] = node.guest(
             "scenarios.py", "crash-loop", "stock,runc", str(args.restarts), str(seconds), args.pid,
+            str(args.mib),
             timeout=seconds + 900,
         )  # fmt: skip
         ids = [c for h in ("stock", "runc") for c in loop[h].get("ids", [])]
@@ -55,11 +92,13 @@ def main() -> None:
             sum(a["records"] for a in after), json.dumps(r["exits"]), json.dumps(r["outcomes"]),
         ])  # fmt: skip
     print_table(
-        f"OOM crash loop, pid={args.pid}, {args.minutes:g} min budget (TCG)",
+        f"{'emptyDir' if args.mib else 'OOM'} crash loop, pid={args.pid}, {args.minutes:g} min budget (TCG)",
         ["handler", "restarts", "oom_kill", "s/restart", "dirs", "scope units", "states", "records",
          "dirs after sweep", "states after sweep", "records after sweep", "exits", "runc-guard journal"],
         rows,
     )  # fmt: skip
+    if args.mib:
+        dying_table(loop, args)
     units = len(tools["scope_units"])
     print(f"sweep: {tools['sweep'][:1]}; audit after: rc {tools['audit_after_rc']}; "
           f"scope units left on the node: {units}; {time.monotonic() - started:.0f} s in all")  # fmt: skip

@@ -118,8 +118,10 @@ class Pod:
         return os.path.join(top, "kubepods.slice", "kubepods-burstable.slice", self.slice)
 
     def create(
-        self, command: list[str], name: str = "work", attempt: int = 0, memory: int = 0, data: bool = False
+        self, command: list[str], name: str = "work", attempt: int = 0, memory: int = 0, data: bool = False,
+        volume: str = "",
     ) -> str:
+        """``volume``: a host directory mounted at /data that outlives this container (an emptyDir)."""
         unique = f"{name}-{uuid.uuid4().hex[:8]}"
         resources = {"memory_limit_in_bytes": memory} if memory else {}
         mounts = []
@@ -127,6 +129,8 @@ class Pod:
             host = os.path.join(DATA, unique)
             os.makedirs(host)
             mounts.append({"container_path": "/data", "host_path": host})
+        elif volume:
+            mounts.append({"container_path": "/data", "host_path": volume})
         config = write_json(f"{unique}.json", {
             "metadata": {"name": name, "attempt": attempt},
             "image": {"image": BUSYBOX_IMAGE},
@@ -200,7 +204,8 @@ def deletes(cid: str) -> list[dict[str, object]]:
     found = []
     for line in out.stdout.splitlines():
         entry = json.loads(line)
-        keys = ("EVENT", "OUTCOME", "EXIT_STATUS", "FORCE", "WAITED_MS", "PRIORITY")
+        keys = ("EVENT", "OUTCOME", "EXIT_STATUS", "FORCE", "WAITED_MS", "PRIORITY", "MEMCG_RECLAIMED_KB",
+                "MEMCG_UNRECLAIMED")
         found.append({k.lower(): entry[k] for k in keys if k in entry})
     return found
 
@@ -407,6 +412,56 @@ OOM_COMMAND = [
 ]  # fmt: skip
 
 
+def append_command(mib: int) -> list[str]:
+    """An attempt that appends ``mib`` MiB to its pod's emptyDir (no fsync: a log), forks 8 sleepers,
+    and exits 1 (its sleepers die with its PID namespace).
+
+    Not an OOM kill: the memcg's reclaim before an OOM kill would evict the appended page
+    cache itself, and init cannot SIGKILL itself inside its PID namespace (the kernel
+    drops signals to a namespace's init from within).
+    """
+    return ["/bin/sh", "-c", f"head -c {mib << 20} /dev/zero >> /data/crash.log; "
+            "i=0; while [ $i -lt 8 ]; do sleep 1000 & i=$((i+1)); done; exit 1"]
+
+
+#: Seconds after the last attempt's removal before the dying cgroups are counted again.
+SETTLE = 15.0
+
+
+def dying(path: str) -> int | None:
+    """``nr_dying_descendants`` of ``path``'s ``cgroup.stat`` (removed, not yet freed), None if unreadable."""
+    for line in read(os.path.join(path, "cgroup.stat")).splitlines():
+        key, _, value = line.partition(" ")
+        if key == "nr_dying_descendants":
+            return int(value)
+    return None
+
+
+class DyingSampler(threading.Thread):
+    """Every ``interval`` s: dying cgroups below the pod's slice and below the root, the slice's memory.
+
+    Per parent on cgroup v2, so two handlers' pods sampled at once do not mix; the root's
+    count is the node's (both handlers, and anything else).
+    """
+
+    def __init__(self, pod: Pod, interval: float = 5.0) -> None:
+        super().__init__(daemon=True)
+        self.pod, self.interval, self.started = pod, interval, time.monotonic()
+        self.samples: list[dict[str, object]] = []
+        self.stop = threading.Event()
+
+    def sample(self) -> dict[str, object]:
+        current = read(os.path.join(self.pod.slice_dir, "memory.current"))
+        row = {"t": round(time.monotonic() - self.started, 1), "pod": dying(self.pod.slice_dir),
+               "root": dying(CGROUP), "pod_kb": int(current) >> 10 if current.isdigit() else None}
+        self.samples.append(row)
+        return row
+
+    def run(self) -> None:
+        while not self.stop.wait(self.interval):
+            self.sample()
+
+
 def oom_kills(pod: Pod) -> int:
     """``oom_kill`` in the pod slice's ``memory.events`` (hierarchical: counts every container's)."""
     for line in read(os.path.join(pod.slice_dir, "memory.events")).splitlines():
@@ -416,20 +471,61 @@ def oom_kills(pod: Pod) -> int:
     return 0
 
 
-def crash_loop(handler: str, restarts: int, seconds: float, pid: str, backoff: float = 1) -> dict[str, Any]:
+def attempts_of(pod: Pod, mib: int) -> tuple[list[str], str]:
+    """What each attempt of ``pod`` runs, and its emptyDir ("" for the OOM loop)."""
+    if not mib:
+        return OOM_COMMAND, ""
+    # On the data disk when mounted (ext4, like the root disk): never a tmpfs, whose pages are shmem.
+    volume = os.path.join(DATA if os.path.ismount(DATA) else WORK, f"emptydir-{pod.name}")
+    os.makedirs(volume, exist_ok=True)
+    return append_command(mib), volume
+
+
+def journal_outcomes(ids: list[str]) -> tuple[int, int, dict[str, int], dict[str, Any]]:
+    """runc-guard's delete entries of ``ids``: how many, how many ids had none, outcome/exit counts,
+    and what they reclaimed (KiB, deletes that did) and left charged (reason -> memcgs)."""
+    outcomes: dict[str, int] = {}
+    memcg: dict[str, Any] = {"reclaimed_kb": 0, "reclaimed_by": 0, "unreclaimed": {}}
+    journal = silent = 0
+    for c in ids:
+        entries = deletes(c)
+        silent += not entries
+        for e in entries:
+            if "outcome" not in e:
+                continue
+            journal += 1
+            key = f"{e.get('outcome')}/{e.get('exit_status')}"
+            outcomes[key] = outcomes.get(key, 0) + 1
+            if int(str(e.get("memcg_reclaimed_kb", 0))):
+                memcg["reclaimed_kb"] += int(str(e["memcg_reclaimed_kb"]))
+                memcg["reclaimed_by"] += 1
+            for reason in json.loads(str(e.get("memcg_unreclaimed", "{}"))).values():
+                memcg["unreclaimed"][reason] = memcg["unreclaimed"].get(reason, 0) + 1
+    return journal, silent, outcomes, memcg
+
+
+def crash_loop(
+    handler: str, restarts: int, seconds: float, pid: str, mib: int = 0, backoff: float = 1
+) -> dict[str, Any]:
     """A container that outgrows its 64 MiB ``memory.max``, restarted ``restarts`` times or for ``seconds``.
 
     kubelet's CrashLoopBackOff at its 1 s floor: wait for the exit, ``backoff`` s,
     create and start the next attempt, remove the previous dead container.
+    ``mib``: instead each attempt appends that much to the pod's emptyDir and exits 1
+    (:func:`append_command`). Dying cgroups are sampled throughout (:class:`DyingSampler`).
     """
     pod = Pod(handler, pid)
     ids: list[str] = []
     reasons: dict[str, int] = {}
+    command, volume = attempts_of(pod, mib)
+    sampler = DyingSampler(pod)
+    start = sampler.sample()
+    sampler.start()
     started = time.monotonic()
     try:
         previous = ""
         while len(ids) < restarts and time.monotonic() - started < seconds:
-            cid = pod.create(OOM_COMMAND, attempt=len(ids), memory=MEMORY_LIMIT)
+            cid = pod.create(command, attempt=len(ids), memory=MEMORY_LIMIT, volume=volume)
             ids.append(cid)
             status: dict[str, object] = {}
 
@@ -453,34 +549,32 @@ def crash_loop(handler: str, restarts: int, seconds: float, pid: str, backoff: f
         if previous:
             crictl("rm", previous, check=False)
         loop_s = time.monotonic() - started
-        time.sleep(3)
+        end = sampler.sample()
+        time.sleep(SETTLE if mib else 3)  # the OOM loop's 3 s: the suite's cell counts no dying cgroups
+        sampler.stop.set()
+        settled = sampler.sample()
         kills = oom_kills(pod)
         per = [left(c) for c in ids]
-        outcomes: dict[str, int] = {}
-        journal = silent = 0
-        for c in ids:
-            entries = deletes(c)
-            silent += not entries
-            for e in entries:
-                if "outcome" not in e:
-                    continue
-                journal += 1
-                key = f"{e.get('outcome')}/{e.get('exit_status')}"
-                outcomes[key] = outcomes.get(key, 0) + 1
+        journal, silent, outcomes, memcg = journal_outcomes(ids)
         units: dict[str, int] = {}
         for p in per:
             units[str(p["unit"])] = units.get(str(p["unit"]), 0) + 1
         return {
-            "scenario": "oom-crash-loop", "handler": handler, "pid": pid, "restarts": len(ids),
+            "scenario": "emptydir-crash-loop" if mib else "oom-crash-loop", "handler": handler, "pid": pid,
+            "restarts": len(ids),
             "oom_kills": kills, "loop_s": round(loop_s, 1),
             "per_restart_s": round(loop_s / max(len(ids), 1), 2),
+            "per_minute": round(max(len(ids) - 1, 0) / loop_s * 60, 2), "emptydir_mib": mib,
+            "dying": {"start": start, "end": end, "settled": settled}, "samples": sampler.samples,
             "exits": reasons, "dirs": sum(int(p["dirs"]) for p in per),  # type: ignore[call-overload]
             "units": units, "units_left": sum(1 for p in per if p["unit"] != "gone"),
             "states": sum(bool(p["state"]) for p in per),
             "records": sum(int(p["records"]) for p in per),  # type: ignore[call-overload]
-            "journal_deletes": journal, "journal_silent": silent, "outcomes": outcomes, "ids": ids,
+            "journal_deletes": journal, "journal_silent": silent, "outcomes": outcomes,
+            "memcg": memcg, "ids": ids,
         }  # fmt: skip
     finally:
+        sampler.stop.set()
         pod.remove()
 
 
@@ -541,8 +635,9 @@ def main() -> None:
     HANDLERS.extend(handlers.split(","))
     if name == "teardown":  # teardown HANDLERS a|b PIDMODE
         print(json.dumps(each(teardown, rest[0], rest[1], parallel=False)))
-    elif name == "crash-loop":  # crash-loop HANDLERS RESTARTS SECONDS PIDMODE
-        print(json.dumps(each(crash_loop, int(rest[0]), float(rest[1]), rest[2])))
+    elif name == "crash-loop":  # crash-loop HANDLERS RESTARTS SECONDS PIDMODE [MIB: the emptyDir variant]
+        mib = int(rest[3]) if len(rest) > 3 else 0
+        print(json.dumps(each(crash_loop, int(rest[0]), float(rest[1]), rest[2], mib)))
     elif name == "node-tools":  # node-tools - ID...
         print(json.dumps(node_tools(rest)))
     elif name == "journal":  # journal - ID...: runc-guard's journal entries per container
