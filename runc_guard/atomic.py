@@ -35,6 +35,17 @@ def read_trusted_json(path: str, limit: int) -> dict[str, object] | None:
     return doc if isinstance(doc, dict) else None
 
 
+def write_json_record(path: str, doc: dict[str, object]) -> bool:
+    """A small record in /run (root's only, not fsync'd: it does not outlive a boot); False on failure."""
+    from runc_guard import cjson
+
+    try:
+        write_atomic(path, cjson.dumps(doc).encode(), 0o600, durable=False, dir_mode=0o700)
+    except OSError:
+        return False
+    return True
+
+
 def read_trusted(path: str, limit: int) -> bytes | None:
     """A file's bytes (at most ``limit``), only if it is ours and writable by nobody else.
 

@@ -242,11 +242,11 @@ def _finish_held(settings: Settings, report: SweepReport) -> None:
     import time
 
     from runc_guard.delete.memcg_hold import iter_held
-    from runc_guard.node.finisher import HOLD_MAX
-    from runc_guard.node.late_reclaim import LATE_MAX, step
+    from runc_guard.node.finisher import HELD_GIVE_UP
+    from runc_guard.node.late_reclaim import step
 
     for path, doc in iter_held(settings.cache_dir):
-        if doc is None or time.time() - float(doc["created"]) < LATE_MAX + HOLD_MAX:
+        if doc is None or time.time() - float(doc["created"]) < HELD_GIVE_UP:
             continue
         result = step(path, doc, final=True)
         report.memcg_reclaimed_kb += result.reclaimed >> 10

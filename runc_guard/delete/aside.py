@@ -14,8 +14,7 @@ from __future__ import annotations
 import os
 import time
 
-from runc_guard import cjson
-from runc_guard.atomic import json_records, read_trusted_json, write_atomic
+from runc_guard.atomic import json_records, read_trusted_json, write_json_record
 from runc_guard.delete.bounds import MAX_ASIDE_RECORDS, crowded, drop_oldest, unlink_all
 from runc_guard.delete.pending import record_path
 
@@ -64,9 +63,7 @@ def write_aside(
         "created": round(time.time(), 3),
         **(extra or {}),
     }
-    try:
-        write_atomic(path, cjson.dumps(doc).encode(), 0o600, durable=False, dir_mode=0o700)
-    except OSError:
+    if not write_json_record(path, doc):
         return None
     if crowded(os.path.dirname(path)):  # /run stays bounded without the sweep's timer (delete.bounds)
         prune_aside(cache_dir)

@@ -25,8 +25,7 @@ import binascii
 import os
 import time
 
-from runc_guard import cjson
-from runc_guard.atomic import json_records, read_trusted_json, write_atomic
+from runc_guard.atomic import json_records, read_trusted_json, write_json_record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -89,9 +88,7 @@ def hold(path: str, cache_dir: str, container_id: str, runtime_root: str, reason
         "reason": reason,
         "created": round(time.time(), 3),
     }
-    try:
-        write_atomic(record, cjson.dumps(doc).encode(), 0o600, durable=False, dir_mode=0o700)
-    except OSError:
+    if not write_json_record(record, doc):
         return None
     try:
         os.rename(path, held)

@@ -80,7 +80,7 @@ class Reclaim:
         return max(0, self.before - self.after)
 
 
-def _read_int(path: str) -> int | None:
+def read_int(path: str) -> int | None:
     try:
         with open(path, "rb") as f:
             return int(f.read().split()[0])
@@ -88,8 +88,8 @@ def _read_int(path: str) -> int | None:
         return None
 
 
-def _write(path: str, data: bytes) -> int:
-    """One write; 0 or the errno it failed with."""
+def write_control(path: str, data: bytes) -> int:
+    """One write to a control file; 0 or the errno it failed with."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     except OSError as exc:
@@ -113,7 +113,7 @@ _CACHE_KEY = {V1: b"cache", V2: b"file"}
 _DIRTY_KEYS = {V1: (b"dirty", b"writeback"), V2: (b"file_dirty", b"file_writeback")}
 
 
-def _page_cache(path: str, method: str) -> tuple[int, int] | None:
+def page_cache(path: str, method: str) -> tuple[int, int] | None:
     """(page cache, of which dirty or under writeback) charged to the memcg at ``path``, in bytes;
     None when memory.stat is unreadable."""
     try:
@@ -127,10 +127,10 @@ def _page_cache(path: str, method: str) -> tuple[int, int] | None:
 
 def charged(path: str) -> tuple[str, int] | None:
     """(method, bytes charged) of the memory cgroup at ``path``; None: no memory controller there."""
-    current = _read_int(os.path.join(path, "memory.current"))
+    current = read_int(os.path.join(path, "memory.current"))
     if current is not None:
         return V2, current
-    usage = _read_int(os.path.join(path, "memory.usage_in_bytes"))
+    usage = read_int(os.path.join(path, "memory.usage_in_bytes"))
     if usage is not None:
         return V1, usage
     return None
@@ -160,7 +160,7 @@ def reclaim(
     method, before = found
     if before == 0:
         return Reclaim(0, 0, method)
-    cache = _page_cache(path, method)
+    cache = page_cache(path, method)
     if cache is None:
         return Reclaim(before, before, method, skipped="memory.stat unreadable")
     if cache[0] == 0:
@@ -184,8 +184,8 @@ def _reclaim_v2(path: str, before: int, deadline: float, clock: Callable[[], flo
     left = before
     stalls = 0
     while left > 0 and clock() < deadline:
-        failed = _write(control, str(min(left, CHUNK)).encode())
-        now = _read_int(os.path.join(path, "memory.current"))
+        failed = write_control(control, str(min(left, CHUNK)).encode())
+        now = read_int(os.path.join(path, "memory.current"))
         if now is None:
             break
         if failed not in (0, errno.EAGAIN):
@@ -202,8 +202,8 @@ def _reclaim_v2(path: str, before: int, deadline: float, clock: Callable[[], flo
 def _reclaim_v1(path: str, before: int, deadline: float, clock: Callable[[], float]) -> Reclaim:
     if clock() >= deadline:
         return Reclaim(before, before, V1, skipped="deadline")
-    failed = _write(os.path.join(path, "memory.force_empty"), b"0")
-    after = _read_int(os.path.join(path, "memory.usage_in_bytes"))
+    failed = write_control(os.path.join(path, "memory.force_empty"), b"0")
+    after = read_int(os.path.join(path, "memory.usage_in_bytes"))
     if failed:
         return Reclaim(before, after, V1, skipped=f"memory.force_empty: {_name(failed)}")
     return Reclaim(before, after, V1)

@@ -88,6 +88,9 @@ HOLD_MAX = 30.0
 #: What one pass reclaims from held memcgs at most, all of them together (a storm of large caches
 #: is reclaimed at this pace, ~2 passes a second, not a step per memcg per pass).
 HELD_PASS_BYTES = 256 << 20
+#: A held memcg still not done this long after its hold (a process moved into it, a path the finisher
+#: may not touch) is the sweep's and audit's: the finisher gives up, the sweep takes over.
+HELD_GIVE_UP = LATE_MAX + HOLD_MAX
 #: A runtime's delete gets this long; the removal after it, this long.
 RUNTIME_BUDGET = 10.0
 REMOVE_BUDGET = 2.0
@@ -379,8 +382,7 @@ class Finisher:
     def reclaim_held(self) -> int:
         """One paced step on every memory cgroup a delete held aside (node.late_reclaim); how many are left.
 
-        A record that is still not done LATE_MAX + HOLD_MAX s after it was written (a process moved
-        into the held memcg, or a path the finisher may not touch) is left to the sweep and audit.
+        A record still not done HELD_GIVE_UP s after it was written is left to the sweep and audit.
         """
         left = spent = 0
         for path, doc in iter_held(self.settings.cache_dir):
@@ -400,7 +402,7 @@ class Finisher:
             self.reclaimed_held[path] = self.reclaimed_held.get(path, 0) + result.reclaimed
             if result.done:
                 self._report_held(doc, self.reclaimed_held.pop(path), result)
-            elif time.time() - float(doc["created"]) > LATE_MAX + HOLD_MAX:
+            elif time.time() - float(doc["created"]) > HELD_GIVE_UP:
                 self.attempts[path] = MAX_ATTEMPTS
                 self._log_left(str(doc["container_id"]), str(doc["runtime_root"]),
                                f"held memory cgroup {doc['held']}: {result.why}")

@@ -25,7 +25,16 @@ from dataclasses import dataclass
 
 from runc_guard.delete.cgroupfs import CGROUP_SUPER_MAGIC
 from runc_guard.delete.memcg_hold import PREFIX, drop
-from runc_guard.delete.reclaim import IO_PRESSURE, IO_PRESSURE_MAX, MAX_DIRTY, io_pressure
+from runc_guard.delete.reclaim import (
+    IO_PRESSURE,
+    IO_PRESSURE_MAX,
+    MAX_DIRTY,
+    V1,
+    io_pressure,
+    page_cache,
+    read_int,
+    write_control,
+)
 from runc_guard.libc import statfs_type
 
 TYPE_CHECKING = False
@@ -61,32 +70,12 @@ def _read(path: str) -> bytes | None:
         return None
 
 
-def _write(path: str, data: bytes) -> OSError | None:
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        return exc
-    try:
-        os.write(fd, data)
-        return None
-    except OSError as exc:
-        return exc
-    finally:
-        os.close(fd)
-
-
 def _usage(held: str) -> tuple[int, int, int] | None:
     """(usage, page cache, of which dirty or under writeback) in bytes; None: unreadable (gone)."""
-    usage, stat = _read(os.path.join(held, "memory.usage_in_bytes")), _read(os.path.join(held, "memory.stat"))
-    if usage is None or stat is None:
+    usage, cache = read_int(os.path.join(held, "memory.usage_in_bytes")), page_cache(held, V1)
+    if usage is None or cache is None:
         return None
-    try:
-        fields = dict(line.split()[:2] for line in stat.splitlines() if line.count(b" ") >= 1)
-        return int(usage), int(fields.get(b"cache", b"0")), int(fields.get(b"dirty", b"0")) + int(
-            fields.get(b"writeback", b"0")
-        )
-    except ValueError:
-        return None
+    return usage, cache[0], cache[1]
 
 
 def trusted(doc: Mapping[str, object], fs_type: Callable[[str], int] = statfs_type) -> str | None:
@@ -155,16 +144,14 @@ def step(
     reclaimed = 0
     if cache and not waits:
         if cache <= STEP:
-            failed = _write(os.path.join(held, "memory.force_empty"), b"0")
+            failed = write_control(os.path.join(held, "memory.force_empty"), b"0")
         else:  # v1 reclaims down to a lowered limit: one STEP of page cache, no more
-            failed = _write(os.path.join(held, "memory.limit_in_bytes"), str(usage - STEP).encode())
+            failed = write_control(os.path.join(held, "memory.limit_in_bytes"), str(usage - STEP).encode())
         after = _usage(held)
         if after is not None:
             reclaimed = max(0, cache - after[1])
             usage, cache = after[0], after[1]
-        if failed is not None and not cache:
-            failed = None
-        waits = f"reclaim: {os.strerror(failed.errno or 0)}" if failed is not None else ""
+        waits = f"reclaim: {os.strerror(failed)}" if failed and cache else ""
     if cache and not late:
         return Step(False, reclaimed, cache, waits or "reclaiming")
     try:
