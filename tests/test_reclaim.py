@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from runc_guard.delete import reclaim
 from runc_guard.delete.cleanup import drain
+from runc_guard.delete.memcg_hold import holdable
 from tests.fakes import FakeCgroupFs, FakeClock
 
 
@@ -19,13 +22,28 @@ def _v1(path: Path, usage: int, dirty: int = 0) -> Path:
     return path
 
 
+@pytest.fixture
+def kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake v1 memcg's force_empty empties it, as the kernel does when nothing stops it."""
+    real = reclaim.write_control
+
+    def write(path: str, data: bytes) -> int:
+        failed = real(path, data)
+        if not failed and path.endswith("memory.force_empty"):
+            Path(path).with_name("memory.stat").write_text("cache 0\nrss 0\ndirty 0\nwriteback 0\n")
+            Path(path).with_name("memory.usage_in_bytes").write_text("0\n")
+        return failed
+
+    monkeypatch.setattr(reclaim, "write_control", write)
+
+
 def test_no_memory_controller_is_nothing_to_do(tmp_path: Path) -> None:
     """A directory without memory files (another hierarchy, or gone): nothing read as charged."""
     result = reclaim.reclaim(str(tmp_path), deadline=float("inf"))
     assert (result.before, result.after, result.reclaimed, result.skipped) == (None, None, 0, "")
 
 
-def test_v1_force_empty_on_a_small_clean_charge(tmp_path: Path) -> None:
+def test_v1_force_empty_on_a_small_clean_charge(tmp_path: Path, kernel: None) -> None:
     """v1: memory.force_empty gets "0" when the charge is small and little of it is dirty."""
     cg = _v1(tmp_path / "cg", 3 << 20, dirty=1 << 20)
     result = reclaim.reclaim(str(cg), deadline=float("inf"))
@@ -66,10 +84,32 @@ def test_v2_asks_in_chunks_and_stops_when_the_kernel_cannot_give_more(tmp_path: 
     (cg / "memory.reclaim").write_text("")
     result = reclaim.reclaim(str(cg), deadline=float("inf"))
     assert (cg / "memory.reclaim").read_text() == str(reclaim.CHUNK)
-    assert result.method == reclaim.V2 and result.before == result.after == 40 << 20 and result.skipped == ""
+    assert result.method == reclaim.V2 and result.before == result.after == 40 << 20
+    assert result.skipped == f"{reclaim.LEFT} (40960 KiB, 0 KiB dirty or under writeback)"
 
 
-def test_io_pressure_leaves_the_memcg_as_it_is(tmp_path: Path) -> None:
+def test_page_cache_the_kernel_left_is_named_and_may_be_held(tmp_path: Path) -> None:
+    """force_empty answers 0 even when it gave up (16 rounds without progress): memory.stat after it
+    decides. What is left is named, and a finisher may still reclaim it after the reply."""
+    cg = _v1(tmp_path / "cg", 2 << 20, dirty=1 << 20)
+    result = reclaim.reclaim(str(cg), deadline=float("inf"))
+    assert (cg / "memory.force_empty").read_text() == "0"
+    assert result.skipped == f"{reclaim.LEFT} (2048 KiB, 1024 KiB dirty or under writeback)"
+    assert holdable(result.skipped)
+
+
+def test_shmem_is_not_page_cache_a_reclaim_can_drop(tmp_path: Path) -> None:
+    """Shmem (a tmpfs file that outlives the container) is counted in the cache but only swap could
+    take it: nothing is written for it, the memcg is named as left charged, and never held."""
+    cg = _v1(tmp_path / "cg", 1 << 20)
+    (cg / "memory.stat").write_text(f"cache {1 << 20}\nrss 0\nshmem {1 << 20}\ndirty 0\nwriteback 0\n")
+    result = reclaim.reclaim(str(cg), deadline=float("inf"))
+    assert (cg / "memory.force_empty").read_text() == "" and result.skipped == reclaim.SHMEM
+    assert not holdable(result.skipped)
+    assert reclaim.page_cache(str(cg), reclaim.V1) == (0, 0, 1 << 20)
+
+
+def test_io_pressure_leaves_the_memcg_as_it_is(tmp_path: Path, kernel: None) -> None:
     """PSI says the node waits on its disk: no writeback is added (dirty pages); clean page cache is
     dropped without I/O and still reclaimed; no PSI at all does not stop it."""
     cg = _v1(tmp_path / "cg", 1 << 20, dirty=4096)

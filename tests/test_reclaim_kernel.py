@@ -12,8 +12,13 @@ which the other worker's tests move).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
+import mmap
 import os
+import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -28,7 +33,8 @@ from labkit.kernel import (
     wait_reported,
 )
 from labkit.scenario import guard_env
-from runc_guard.delete.memcg_hold import PREFIX, held_dir
+from runc_guard.delete import reclaim
+from runc_guard.delete.memcg_hold import PREFIX, held_dir, holdable
 
 pytestmark = pytest.mark.kernel
 
@@ -113,3 +119,62 @@ def test_a_cache_too_large_for_the_reply_is_held_and_reclaimed_after_it(
     assert freed, (os.listdir(below), _usage(below))
     assert late["memcg_reclaimed_kb"] >= 250 * 1024 and "memcg_unreclaimed" not in late, late
     assert os.listdir(held_dir(cache)) == []
+
+
+def _charge(memcg: str, path: str, mib: int = 1) -> None:
+    """``mib`` MiB written to ``path`` (fsync'd: clean) by a shell that joins ``memcg`` first and exits."""
+    cmd = f"echo $$ > {memcg}/cgroup.procs && dd if=/dev/zero of={path} bs=64k count={16 * mib} conv=fsync"
+    subprocess.run(["sh", "-c", cmd], check=True, capture_output=True)
+
+
+@contextlib.contextmanager
+def _mlocked(path: str, size: int) -> Iterator[None]:
+    """``path``'s first ``size`` bytes mapped shared, read-only, and mlocked by this process (libc's
+    mmap: Python's mmap gives no address, and a private writable map would copy the pages)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_long]  # fmt: skip
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            failed = libc.mlock(ctypes.c_void_p(address), ctypes.c_size_t(size))
+            assert failed == 0, os.strerror(ctypes.get_errno())
+            yield
+        finally:
+            libc.munmap(ctypes.c_void_p(address), ctypes.c_size_t(size))  # unlocks too
+    finally:
+        os.close(fd)
+
+
+def test_what_reclaim_cannot_drop_is_named_on_the_real_kernel(
+    tmp_path: os.PathLike[str], parents: list[str]
+) -> None:
+    """The kernel's force_empty answers 0 whatever it left. A file's pages mlocked by a process
+    outside the memcg stay charged to it: delete.reclaim reads memory.stat after the write and names
+    them (``page cache left``, which a finisher may still reclaim). Pages of a tmpfs file that outlives
+    the writer are shmem: no reclaim is tried, the memcg is named as left charged, never held."""
+    parent = unique("rgtest-memcg-left")
+    parents.append(parent)
+    locked, shm = os.path.join(MEMORY, parent, "locked"), os.path.join(MEMORY, parent, "shm")
+    os.makedirs(locked)
+    os.mkdir(shm)
+    data, tmpfs = os.path.join(tmp_path, "locked"), f"/dev/shm/{parent}"
+    try:
+        _charge(locked, data)
+        _charge(shm, tmpfs)
+        with _mlocked(data, MIB):
+            left = reclaim.reclaim(locked, time.monotonic() + 1)
+        shmem = reclaim.reclaim(shm, time.monotonic() + 1)
+        shm_usage = _usage(shm)
+        print(f"\nmlocked 1 MiB: {left.skipped}; tmpfs 1 MiB: {shmem.skipped} ({shm_usage >> 10} KiB)")
+        assert left.skipped.startswith(reclaim.LEFT) and holdable(left.skipped), left.skipped
+        assert shmem.skipped == reclaim.SHMEM and not holdable(shmem.skipped), shmem.skipped
+        assert shm_usage >= MIB, "the control: nothing took the tmpfs pages"
+        # Unlocked, the same page cache goes: what was left was the lock's, not the reclaim's.
+        assert reclaim.reclaim(locked, time.monotonic() + 1).skipped == ""
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmpfs)
