@@ -3,8 +3,9 @@
 Each lifecycle is a real runc 1.1.5 host-PID container that writes ``--mib`` MiB
 into a host directory bind-mounted into it (a log in a volume that outlives the
 container), dies (init SIGKILLed: containerd's dead-shim path) and is deleted
-with ``delete --force``, by stock runc or through runc-guard, alternating one
-lifecycle of each. The kernel's count of memory cgroups (``/proc/cgroups``:
+with ``delete --force``, by stock runc, then through runc-guard as shipped
+(its finisher on: what the reply's 0.1 s leaves is held aside and reclaimed
+after the reply). The kernel's count of memory cgroups (``/proc/cgroups``:
 live and dying alike) is read before and ``--settle`` seconds after; the
 containers' own parent cgroups tell how much page cache each front left charged
 below them. Last, one container per front writes ``--large-mib`` (a large cache,
@@ -153,6 +154,10 @@ def report_stats(workdir: str) -> None:
         deletes = [e for e in entries if e.get("event") == "delete"]
         why = [r for e in deletes for r in e.get("memcg_unreclaimed", {}).values()]
         print(f"left charged, why: {dict((r, why.count(r)) for r in set(why)) or 'none'}")
+        held = [r for e in deletes for r in e.get("memcg_held", {}).values()]
+        late = [e for e in entries if e.get("event") == "memcg_reclaimed_late"]
+        print(f"held aside: {len(held)}; reclaimed late: {len(late)}, of which removed still charged "
+              f"{sum(1 for e in late if e.get('memcg_unreclaimed'))}")
 
 
 def main() -> int:
@@ -169,11 +174,10 @@ def main() -> int:
     shim = os.path.join(os.path.dirname(sys.executable), "runc-guard")
     workdir = tempfile.mkdtemp(prefix=f"{PREFIX}-memcg-")
     volume = tempfile.mkdtemp(prefix=f"{PREFIX}-volume-", dir="/var/tmp")
-    fronts = [Front(STOCK, [RUNC], dict(os.environ)),
-              Front("runc-guard", [shim], guard_env(workdir))]
-    # the large case with the finisher on, as shipped (guard_env turns it off for the lifecycles:
-    # they reclaim on the reply's time and leave no detached helper behind)
+    # runc-guard as shipped: its finisher on (guard_env turns it off for tests), which reclaims
+    # after the reply what the reply's 0.1 s left
     finishing = Front("runc-guard", [shim], guard_env(workdir, RUNC_GUARD_FINISH_WINDOW="60"))
+    fronts = [Front(STOCK, [RUNC], dict(os.environ)), finishing]
     try:
         before = memcgs()
         for front in fronts:  # one front at a time: the memcg count is node-wide

@@ -44,6 +44,7 @@ from bench.common import print_table
 from bench.dying_memcgs import MEMORY, drop_page_cache, memcgs
 from labkit import containerd as cl
 from labkit import cri as cr
+from runc_guard.delete.outcomes import MEMCG_LINE
 
 #: Where an attempt sees its pod's emptyDir, and the log it appends to there.
 DATA, LOG = "/data", "crash.log"
@@ -81,13 +82,26 @@ def appender(volumes: str, mib: int) -> loopbench.Workload:
 
 
 def unreclaimed(lab: cr.CriLab, result: loopbench.Result) -> dict[str, int]:
-    """Why runc-guard left memcgs charged (its canonical delete entries' ``memcg_unreclaimed``), counted."""
+    """Why runc-guard left memcgs charged, counted: its canonical delete entries' ``memcg_unreclaimed``,
+    the memcgs they held aside (``held``), and of those what the finisher removed still charged
+    (``late: <why>``, from its ``memcg_reclaimed_late`` entries; ``late: freed`` when none was)."""
     ids = {cid for loops in result.loops.values() for loop in loops for cid in loop.attempts}
     why: dict[str, int] = {}
-    for entry in cl.guard_events(lab.settings, "delete"):
-        if entry.get("container_id") in ids:
+
+    def count(key: str) -> None:
+        why[key] = why.get(key, 0) + 1
+
+    for entry in cl.guard_events(lab.settings):
+        if entry.get("container_id") not in ids:
+            continue
+        if entry.get("event") == "delete":
             for reason in entry.get("memcg_unreclaimed", {}).values():
-                why[reason] = why.get(reason, 0) + 1
+                count(reason)
+            for _ in entry.get("memcg_held", {}):
+                count("held")
+        elif entry.get("event") == "memcg_reclaimed_late":
+            for reason in entry.get("memcg_unreclaimed", {"": "freed"}).values():
+                count(f"late: {reason.split(' (')[0]}")
     return why
 
 
@@ -97,7 +111,8 @@ def summary(handler: str, result: loopbench.Result, minutes: float, why: dict[st
     start = result.samples[0]
     outcomes: dict[str, int] = {}
     left_by: dict[str, int] = {}  # memcgs left charged, by the delete's outcome (did it wait?)
-    for s in result.stats:
+    deletes = [s for s in result.stats if s.get("kind") != MEMCG_LINE]  # not a late reclaim's line
+    for s in deletes:
         outcomes[str(s.get("outcome"))] = outcomes.get(str(s.get("outcome")), 0) + 1
         if s.get("memcg_left"):
             left_by[str(s.get("outcome"))] = left_by.get(str(s.get("outcome")), 0) + int(str(s["memcg_left"]))
@@ -112,6 +127,7 @@ def summary(handler: str, result: loopbench.Result, minutes: float, why: dict[st
         "outcomes": outcomes,
         "reclaimed_kb": sum(int(str(s.get("reclaimed_kb", 0))) for s in result.stats),
         "memcg_left": sum(int(str(s.get("memcg_left", 0))) for s in result.stats),
+        "waited_s": sum(int(str(s.get("waited_ms", 0))) for s in deletes) / 1000,
         "unreclaimed": why,
         "left_by_outcome": left_by,
         "stuck": sum(loop.stuck for loop in result.loops[handler]),
@@ -126,8 +142,8 @@ def report(runs: dict[str, dict[str, Any]], labels: dict[str, str], title: str, 
         growth = s["growth_per_restart"]
         deletes = f"containerd failed task deletes (TaskExit errors) {s['taskexit_errors']}"
         if handler == cr.GUARD_HANDLER:
-            deletes += (f"; runc-guard outcomes {json.dumps(s['outcomes'])}, reclaimed "
-                        f"{s['reclaimed_kb']:,} KiB, memcgs left charged {s['memcg_left']} "
+            deletes += (f"; runc-guard outcomes {json.dumps(s['outcomes'])}, waited {s['waited_s']:.1f} s, "
+                        f"reclaimed {s['reclaimed_kb']:,} KiB, memcgs left charged {s['memcg_left']} "
                         f"{json.dumps(s['unreclaimed'])}, by outcome {json.dumps(s['left_by_outcome'])}")
         rows.append([
             labels[handler], s["restarts"], f"{s['per_minute']:.1f}", " / ".join(str(m) for m in s["memcgs"]),

@@ -6,7 +6,7 @@ import errno
 from collections.abc import Callable, Iterable
 
 from runc_guard.delete.cgroupfs import CGROUP_SUPER_MAGIC
-from runc_guard.delete.reclaim import Reclaim
+from runc_guard.delete.reclaim import DIRTY, Reclaim
 
 
 class FakeClock:
@@ -47,6 +47,8 @@ class FakeCgroupFs:
         self.charged: dict[str, int] = {}
         #: Memory cgroups the kernel cannot reclaim (why: the value), and each reclaim as (path, deadline).
         self.unreclaimable: dict[str, str] = {}
+        #: memcgs with dirty pages: left for a hold when the caller can hold them (delete.reclaim)
+        self.dirty: set[str] = set()
         self.reclaims: list[tuple[str, float]] = []
 
     def add(self, path: str, pids: Iterable[int] = (), mtime: float | None = None) -> None:
@@ -113,11 +115,13 @@ class FakeCgroupFs:
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
         self.load_balance_stopped.append(path)
 
-    def reclaim_memory(self, path: str, deadline: float) -> Reclaim:
+    def reclaim_memory(self, path: str, deadline: float, hold_dirty: bool = False) -> Reclaim:
         if path not in self.charged or path not in self.dirs:
             return Reclaim(None, None)
         self.reclaims.append((path, deadline))
         before = self.charged[path]
+        if hold_dirty and path in self.dirty:
+            return Reclaim(before, before, "force_empty", skipped=DIRTY)
         if path in self.unreclaimable:
             return Reclaim(before, before, "reclaim", skipped=self.unreclaimable[path])
         self.charged[path] = 0

@@ -14,6 +14,7 @@ import pytest
 from runc_guard.delete import memcg_hold
 from runc_guard.delete.cgroupfs import CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC
 from runc_guard.delete.cleanup import drain
+from runc_guard.delete.reclaim import DIRTY, reclaim
 from runc_guard.node import late_reclaim
 from runc_guard.node.metrics import apply_delete_line, new_state
 from tests.fakes import FakeCgroupFs, FakeClock
@@ -52,6 +53,49 @@ def test_drain_holds_what_its_budget_cannot_reclaim_and_the_rmdir_finds_it_gone(
     assert report.unreclaimed == {"/cg/memory/pod/broken": "memory.force_empty: EIO"}
     assert fs.rmdirs == ["/cg/memory/pod/broken", "/cg/memory/pod/small"]
     assert report.remaining == {}
+
+
+def test_dirty_pages_are_held_not_reclaimed_on_the_reply_where_a_hold_is_possible() -> None:
+    """A v1 memcg with dirty pages is held rather than reclaimed on the reply's time (the kernel's reclaim
+    can wait 100 ms on a dirty page it cannot write); a systemd unit's cgroup cannot be held, so its pages
+    are reclaimed on the reply as before, and so is one the hold refuses."""
+    clock = FakeClock()
+    fs = FakeCgroupFs(clock)
+    paths = ["/cg/memory/pod/ctr", "/cg/memory/pod/cri-containerd-x.scope", "/cg/memory/pod/refused"]
+    for path in paths:
+        fs.add(path)
+        fs.charged[path] = 1 << 20
+        fs.dirty.add(path)
+    held: list[tuple[str, str]] = []
+
+    def hold(path: str, why: str) -> str | None:
+        held.append((path, why))
+        if path.endswith("refused"):
+            return None  # a record of that name exists, or the rename failed: the directory stays
+        del fs.dirs[path]
+        return path + ".held"
+
+    report = drain(paths, fs, clock() + 4, 0.1, may_kill=False, clock=clock, reclaim_budget=0.1, hold=hold)
+    assert held == [("/cg/memory/pod/ctr", DIRTY), ("/cg/memory/pod/refused", DIRTY)]
+    assert report.held == {"/cg/memory/pod/ctr": "/cg/memory/pod/ctr.held"}
+    assert fs.charged["/cg/memory/pod/cri-containerd-x.scope"] == fs.charged["/cg/memory/pod/refused"] == 0
+    assert report.reclaimed == 2 << 20 and report.unreclaimed == {}
+
+
+def test_reclaim_leaves_dirty_pages_to_a_hold_on_v1_only(tmp_path: Path) -> None:
+    v1 = _v1(tmp_path / "v1", 2 << 20)
+    (v1 / "memory.stat").write_text(f"cache {2 << 20}\nrss 0\ndirty 4096\nwriteback 0\n")
+    (v1 / "memory.force_empty").write_text("")
+    result = reclaim(str(v1), float("inf"), hold_dirty=True)
+    assert result.skipped == DIRTY and (v1 / "memory.force_empty").read_text() == ""
+    assert memcg_hold.holdable(result.skipped)
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.current").write_text(f"{2 << 20}\n")
+    (v2 / "memory.stat").write_text(f"anon 0\nfile {2 << 20}\nfile_dirty 4096\nfile_writeback 0\n")
+    (v2 / "memory.reclaim").write_text("")
+    reclaim(str(v2), float("inf"), hold_dirty=True)  # cgroup2 has no rename: nothing to leave it to
+    assert (v2 / "memory.reclaim").read_text() == str(2 << 20)
 
 
 def test_hold_records_first_then_renames_beside_the_original(tmp_path: Path) -> None:

@@ -51,7 +51,7 @@ class CgroupFsOps(Protocol):
     def wait_for_change(self, paths: Iterable[str], timeout: float, event_timeout: float) -> None: ...
     def modified_at(self, path: str) -> float | None: ...
     def stop_load_balance(self, path: str) -> None: ...
-    def reclaim_memory(self, path: str, deadline: float) -> Reclaim: ...
+    def reclaim_memory(self, path: str, deadline: float, hold_dirty: bool = False) -> Reclaim: ...
 
 
 class RealCgroupFs:
@@ -172,11 +172,11 @@ class RealCgroupFs:
     def rmdir(self, path: str) -> None:
         os.rmdir(path)
 
-    def reclaim_memory(self, path: str, deadline: float) -> Reclaim:
+    def reclaim_memory(self, path: str, deadline: float, hold_dirty: bool = False) -> Reclaim:
         """Reclaim the pages charged to the empty memory cgroup ``path`` (delete.reclaim), by ``deadline``."""
         from runc_guard.delete.reclaim import reclaim
 
-        return reclaim(path, deadline)
+        return reclaim(path, deadline, hold_dirty=hold_dirty)
 
     def stop_load_balance(self, path: str) -> None:
         """Write 0 to a cgroup v1 cpuset's ``cpuset.sched_load_balance``, before its rmdir.

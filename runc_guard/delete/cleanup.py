@@ -21,7 +21,8 @@ import errno
 import time
 
 from runc_guard.delete.cgroupfs import CgroupFsOps
-from runc_guard.delete.memcg_hold import holdable
+from runc_guard.delete.memcg_hold import held_name, holdable
+from runc_guard.delete.reclaim import DIRTY
 from runc_guard.errors import EXIT_CGROUP_BUSY, EXIT_CGROUP_ERROR, RuncGuardError
 
 TYPE_CHECKING = False
@@ -163,7 +164,10 @@ class Reclaimer:
             return
         self.done.add(path)
         until = self.until if self.until is not None else min(self.deadline, self.clock() + self.budget)
-        result = self.fs.reclaim_memory(path, until)
+        # Dirty pages are left to a hold when one is possible here (v1, a finisher, not a unit's
+        # cgroup): the kernel's reclaim can wait 100 ms on them, on the reply's time.
+        may_hold = self.hold is not None and held_name(path) is not None
+        result = self.fs.reclaim_memory(path, until, hold_dirty=may_hold)
         if self.until is None and result.before:
             # The budget starts here, at the first memory cgroup with pages charged: not at the first
             # empty directory of any hierarchy (a freezer or pids directory empties first, and the
@@ -175,6 +179,9 @@ class Reclaimer:
             if held is not None:
                 self.report.held[path] = held  # gone from ``path``: the rmdir after finds ENOENT
                 return
+            if result.skipped == DIRTY:  # not held after all (cgroup2, a record of that name): as without
+                result = self.fs.reclaim_memory(path, until)
+                self.report.reclaimed += result.reclaimed
         if result.skipped:
             self.report.unreclaimed[path] = result.skipped
         else:

@@ -26,7 +26,7 @@ import os
 import time
 
 from runc_guard.atomic import json_records, read_trusted_json, write_json_record
-from runc_guard.delete.reclaim import LEFT
+from runc_guard.delete.reclaim import DIRTY, LEFT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ NAME_MAX = 255
 
 #: What delete.reclaim gives up on that a later, paced reclaim can still do. Not an error of the
 #: kernel's (``memory.force_empty: EBUSY``) or an unreadable memory.stat: those stay as they are.
-HOLDABLE = ("page cache too large", "too much dirty", "deadline", "I/O pressure", LEFT)
+HOLDABLE = ("page cache too large", "too much dirty", "deadline", "I/O pressure", LEFT, DIRTY)
 #: Systemd units' cgroups: systemd creates, watches and removes them itself.
 UNIT_SUFFIXES = (".scope", ".slice")
 

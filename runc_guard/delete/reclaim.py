@@ -118,6 +118,8 @@ _DIRTY_KEYS = {V1: (b"dirty", b"writeback"), V2: (b"file_dirty", b"file_writebac
 #: the container, as a pod's shared /dev/shm or a memory-backed emptyDir: only swap could take
 #: it, which no reclaim here asks for).
 LEFT = "page cache left after reclaim"
+#: Why a v1 memcg with dirty pages is held rather than reclaimed on the reply's time (hold_dirty).
+DIRTY = "dirty pages (left to writeback, reclaimed after the reply)"
 SHMEM = "shmem charged (tmpfs pages outlive the container)"
 
 
@@ -157,12 +159,16 @@ def io_pressure(path: str = IO_PRESSURE) -> float | None:
 
 
 def reclaim(
-    path: str, deadline: float, clock: Callable[[], float] = time.monotonic, pressure: str = IO_PRESSURE
+    path: str, deadline: float, clock: Callable[[], float] = time.monotonic, pressure: str = IO_PRESSURE,
+    hold_dirty: bool = False,
 ) -> Reclaim:
     """Reclaim what is charged to the (empty, the container's own) memory cgroup at ``path``.
 
     Not under I/O pressure (``pressure``: PSI's file; unknown pressure does not stop it,
-    the bounds above still hold).
+    the bounds above still hold). ``hold_dirty``: the caller can hold a v1 memcg aside for a
+    finisher (delete.memcg_hold), so one with any dirty page is left to it (:data:`DIRTY`):
+    the kernel's reclaim waits up to 100 ms (its writeback throttle) on a dirty page it cannot
+    write itself, such as an ext4 metadata block the journal holds, then leaves it charged.
     """
     found = charged(path)
     if found is None:
@@ -184,6 +190,8 @@ def reclaim(
         return Reclaim(before, before, method, skipped="page cache too large to reclaim on the reply's time")
     if cache[1] > MAX_DIRTY:
         return Reclaim(before, before, method, skipped="too much dirty (writeback would block)")
+    if cache[1] and hold_dirty and method == V1:
+        return Reclaim(before, before, method, skipped=DIRTY)
     result = (_reclaim_v2 if method == V2 else _reclaim_v1)(path, before, deadline, clock)
     if not result.skipped:
         # The kernel said done; memory.stat says whether it is: force_empty gives up after 16

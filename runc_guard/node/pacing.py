@@ -393,8 +393,8 @@ class RmdirTimer:
     def stop_load_balance(self, path: str) -> None:
         self.fs.stop_load_balance(path)
 
-    def reclaim_memory(self, path: str, deadline: float) -> Reclaim:
-        return self.fs.reclaim_memory(path, deadline)
+    def reclaim_memory(self, path: str, deadline: float, hold_dirty: bool = False) -> Reclaim:
+        return self.fs.reclaim_memory(path, deadline, hold_dirty)
 
 
 # -- the acting part: measure, decide, sleep ----------------------------------------
