@@ -71,8 +71,11 @@ def test_a_deleted_containers_memcg_keeps_no_page_cache(
     for front in ("stock", "guard"):
         parent = unique(f"rgtest-memcg-{front}")
         parents.append(parent)
-        os.mkdir(os.path.join(MEMORY, parent))
-        env = guard_env(workdir) if front == "guard" else dict(os.environ)
+        below = os.path.join(MEMORY, parent)
+        os.mkdir(below)
+        # runc-guard as shipped, with a finisher: a memcg with a dirty page (an ext4 metadata block the
+        # container read and the journal still holds) is held and reclaimed after the reply
+        env = guard_env(workdir, RUNC_GUARD_FINISH_WINDOW="1") if front == "guard" else dict(os.environ)
         delete = [shim_binary] if front == "guard" else [RUNC]
         # fsync'd: clean pages are reclaimed whatever the node's I/O pressure (a dirty page is not,
         # while PSI says the disk is busy: a whole test suite beside this one can make it so).
@@ -80,15 +83,23 @@ def test_a_deleted_containers_memcg_keeps_no_page_cache(
                  for _ in range(LIFECYCLES)]
         statuses = [life.status for life in lives]
         assert statuses == [0] * LIFECYCLES, (front, statuses)
-        charged[front] = _usage(os.path.join(MEMORY, parent))
+        if front == "guard":
+            assert wait_reported(os.path.join(workdir, "cache"), timeout=60)
+            wait_for(lambda: not any(n.startswith(PREFIX) for n in os.listdir(below)), 60, 0.1)  # noqa: B023
+        charged[front] = _usage(below)
     print(f"\n{LIFECYCLES} lifecycles x 1 MiB: charged below the parent after the deletes: "
           f"stock {charged['stock'] >> 10} KiB, runc-guard {charged['guard'] >> 10} KiB")
     assert charged["stock"] >= LIFECYCLES * MIB * 0.9, "the control: stock leaves the page cache charged"
     assert charged["guard"] < LIFECYCLES * MIB * 0.25, charged
     with open(os.path.join(workdir, "stats.jsonl")) as f:
         lines = [json.loads(line) for line in f]
-    assert len(lines) == LIFECYCLES and all(line["reclaimed_kb"] >= 900 for line in lines), lines
-    assert all(line["memcg_left"] == 0 for line in lines), lines
+    deletes = [line for line in lines if line.get("kind") != "memcg"]
+    late = [line for line in lines if line.get("kind") == "memcg"]
+    print(f"reclaimed on the reply {sum(line['reclaimed_kb'] for line in deletes)} KiB, "
+          f"held and reclaimed after it {len(late)} memcgs, {sum(line['reclaimed_kb'] for line in late)} KiB")
+    assert len(deletes) == LIFECYCLES and all(line["memcg_left"] == 0 for line in lines), lines
+    # each lifecycle's 1 MiB reclaimed, on the reply or by the finisher after it
+    assert sum(line["reclaimed_kb"] for line in lines) >= LIFECYCLES * 900, lines
 
 
 def test_a_cache_too_large_for_the_reply_is_held_and_reclaimed_after_it(
