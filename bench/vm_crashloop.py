@@ -19,7 +19,13 @@ slice (per parent on v2: the handlers run in parallel without mixing) and of
 the root (the node's, both handlers), and the memory charged below each slice;
 reported at the start, when the last attempt is removed, and 15 s later.
 
-Run: ``python -m bench.vm_crashloop [--restarts 300] [--minutes 25] [--pid container] [--mib 1]``.
+``--driver cgroupfs``: both handlers with containerd's cgroupfs driver
+(``SystemdCgroup = false``, setup.py's ``stock-fs`` / ``runc-fs``; pods in
+``/kubepods/burstable/pod<uid>``): runc's delete, not systemd, removes the
+container's cgroup, so runc-guard's delete still finds it.
+
+Run: ``python -m bench.vm_crashloop [--restarts 300] [--minutes 25] [--pid container] [--mib 1]
+[--driver systemd]``.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ def dying_table(loop: dict[str, Any], args: argparse.Namespace) -> None:
         return " / ".join(str(r["dying"][when][key]) for when in ("start", "end", "settled"))
 
     rows = []
-    for handler in ("stock", "runc"):
+    for handler in pair(args):
         r = loop[handler]
         growth = r["dying"]["settled"]["pod"] - r["dying"]["start"]["pod"]
         rows.append([
@@ -52,7 +58,7 @@ def dying_table(loop: dict[str, Any], args: argparse.Namespace) -> None:
         ])  # fmt: skip
     print_table(
         f"emptyDir crash loop, {args.mib} MiB appended per attempt, pid={args.pid}, "
-        "both handlers at once (TCG)",
+        f"{args.driver} driver, both handlers at once (TCG)",
         ["handler", "restarts", "restarts/min", "dying below the pod slice start / end / end+15 s",
          "per restart (end+15 s)", "dying below the root start / end / end+15 s",
          "KiB below the pod slice start / end / end+15 s", "exits", "runc-guard journal",
@@ -61,12 +67,19 @@ def dying_table(loop: dict[str, Any], args: argparse.Namespace) -> None:
     )  # fmt: skip
 
 
+def pair(args: argparse.Namespace) -> tuple[str, str]:
+    """The guest's handlers for ``--driver``: runc 1.1.5 alone, then behind runc-guard (setup.py)."""
+    return ("stock", "runc") if args.driver == "systemd" else ("stock-fs", "runc-fs")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--restarts", type=int, default=300, help="per handler, at most")
     parser.add_argument("--minutes", type=float, default=25.0, help="stop starting attempts after this")
     parser.add_argument("--mib", type=int, default=0,
                         help="the emptyDir variant: MiB appended per attempt, which exits 1 (0: OOM kills)")
+    parser.add_argument("--driver", choices=("systemd", "cgroupfs"), default="systemd",
+                        help="containerd's cgroup driver for both handlers (SystemdCgroup true / false)")
     args = vm_bench_args(parser)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rgvm-bench-") as tmp, vm.booted_vm(tmp) as node:
@@ -74,14 +87,14 @@ def main() -> None:
         node.guest("setup.py", timeout=600)
         seconds = args.minutes * 60
         loop: dict[str, Any] = node.guest(
-            "scenarios.py", "crash-loop", "stock,runc", str(args.restarts), str(seconds), args.pid,
+            "scenarios.py", "crash-loop", ",".join(pair(args)), str(args.restarts), str(seconds), args.pid,
             str(args.mib),
             timeout=seconds + 900,
         )  # fmt: skip
-        ids = [c for h in ("stock", "runc") for c in loop[h].get("ids", [])]
+        ids = [c for h in pair(args) for c in loop[h].get("ids", [])]
         tools: dict[str, Any] = node.guest("scenarios.py", "node-tools", "-", *ids, timeout=1800)
     rows = []
-    for handler in ("stock", "runc"):
+    for handler in pair(args):
         r = loop[handler]
         if "error" in r:
             raise SystemExit(f"{handler}: {r['error']}")

@@ -3,7 +3,9 @@
 Run by the host through the agent (``python3 scenarios.py NAME HANDLERS ARGS``);
 prints one JSON line. Standard library only (the guest's python3). Pods use the
 systemd cgroup driver (every container is ``cri-containerd-<id>.scope`` in the
-pod's ``kubepods-burstable-pod<uid>.slice``) and host networking (no CNI here).
+pod's ``kubepods-burstable-pod<uid>.slice``), or with setup.py's ``*-fs`` handlers
+the cgroupfs driver (``/kubepods/burstable/pod<uid>/<id>``), and host networking
+(no CNI here).
 
 A slow teardown on pure cgroup v2: the v2 freezer lets SIGKILL through, so the
 lab holds a container's process the way a real node does, in uninterruptible
@@ -32,6 +34,7 @@ waits for a ``go`` file on its volume, written after the limit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -94,7 +97,10 @@ class Pod:
         self.pid = PID_MODES[pid]
         self.uid = str(uuid.uuid4())
         self.name = f"rgvm-{self.uid[:8]}"
-        self.slice = f"kubepods-burstable-pod{self.uid.replace('-', '_')}.slice"
+        #: The cgroupfs driver's handlers (setup.py's ``*-fs``) take kubelet's cgroupfs pod path.
+        self.cgroupfs = handler.endswith("-fs")
+        self.slice = (f"/kubepods/burstable/pod{self.uid}" if self.cgroupfs
+                      else f"kubepods-burstable-pod{self.uid.replace('-', '_')}.slice")  # fmt: skip
         logs = os.path.join(WORK, "logs", self.name)
         os.makedirs(logs, exist_ok=True)
         self.config = write_json(f"{self.name}-pod.json", {
@@ -115,6 +121,8 @@ class Pod:
     def slice_in(self, controller: str) -> str:
         """The pod slice's directory in ``controller``'s hierarchy (the one tree when unified)."""
         top = CGROUP if LAYOUT == UNIFIED else os.path.join(CGROUP, controller)
+        if self.cgroupfs:
+            return os.path.join(top, self.slice.strip("/"))
         return os.path.join(top, "kubepods.slice", "kubepods-burstable.slice", self.slice)
 
     def create(
@@ -149,7 +157,14 @@ class Pod:
     def remove(self) -> None:
         crictl("stopp", self.id, check=False, timeout=180)
         crictl("rmp", "-f", self.id, check=False, timeout=180)
-        sh("systemctl", "reset-failed", self.slice, check=False)
+        if not self.cgroupfs:
+            sh("systemctl", "reset-failed", self.slice, check=False)
+            return
+        # kubelet removes the pod's own cgroup once its containers are gone; runc removes only theirs.
+        hierarchies = [h for h in os.listdir(CGROUP) if not os.path.islink(os.path.join(CGROUP, h))]
+        for hierarchy in hierarchies if LAYOUT == HYBRID else [""]:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.slice_in(hierarchy))
 
 
 # -- what a container left ---------------------------------------------------------
@@ -160,11 +175,11 @@ def scope(cid: str) -> str:
 
 
 def scope_dirs(cid: str) -> list[str]:
-    """Every cgroup directory of the container's scope, in every hierarchy."""
+    """Every cgroup directory of the container, in every hierarchy: its scope, or (cgroupfs) its id."""
     found = []
     for dirpath, dirs, _files in os.walk(CGROUP):
         for d in dirs:
-            if d == scope(cid):
+            if d in (scope(cid), cid):
                 found.append(os.path.join(dirpath, d))
     return sorted(found)
 

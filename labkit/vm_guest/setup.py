@@ -3,11 +3,12 @@
 The node an operator has: Debian's containerd 1.6.20 with ``containerd config
 default`` and kubeadm's ``SystemdCgroup = true`` on the ``runc`` handler. The lab
 adds control handlers first (``stock``: Debian's runc 1.1.5; ``stock-134`` and
-``runc-134``: runc 1.3.4), then runs the operator's step, ``runc-guardctl
-configure containerd --runtime runc --runtime runc-134 --restart``: ``runc`` then
-runs runc-guard in front of runc 1.1.5, ``runc-134`` runs runc-guard's
-``runc-guard-runc-134`` link in front of runc 1.3.4. Images come from the share.
-Prints one JSON line.
+``runc-134``: runc 1.3.4; ``stock-fs`` and ``runc-fs``: runc 1.1.5 with the
+cgroupfs driver), then runs the operator's step, ``runc-guardctl configure
+containerd --runtime runc --runtime runc-fs --runtime runc-134 --restart``:
+``runc`` and ``runc-fs`` then run runc-guard in front of runc 1.1.5,
+``runc-134`` runs runc-guard's ``runc-guard-runc-134`` link in front of runc
+1.3.4. Images come from the share. Prints one JSON line.
 
 ``setup.py containerd2 VERSION`` then upgrades the node in place to containerd
 2.x (``/opt/rg/runtimes/containerd-2.3.4/`` or the 2.2.2 at the runtimes' top):
@@ -68,15 +69,25 @@ def sh(*argv: str, check: bool = True, timeout: float = 120) -> subprocess.Compl
     return proc
 
 
+#: Handlers with the cgroupfs driver (``SystemdCgroup = false``, containerd's own default and
+#: kubelet's ``cgroupDriver: cgroupfs``): runc itself creates and removes the container's cgroup.
+CGROUPFS = ("stock-fs", "runc-fs")
+
+
 def add_handlers(handlers: Any, with_134: bool) -> None:
-    """``SystemdCgroup = true`` on ``runc`` (kubeadm's driver), then the control handlers copied from it."""
+    """``SystemdCgroup = true`` on ``runc`` (kubeadm's driver), then the control handlers copied from it.
+
+    ``stock-fs`` / ``runc-fs``: runc 1.1.5 with the cgroupfs driver, alone and (once
+    configured) behind runc-guard, for what only that driver lets a delete see.
+    """
     handlers["runc"]["options"]["SystemdCgroup"] = True
-    controls = {"stock": "/usr/sbin/runc"}
+    controls = {"stock": "/usr/sbin/runc", **dict.fromkeys(CGROUPFS, "/usr/sbin/runc")}
     if with_134:
         controls.update({"stock-134": RUNC_134, "runc-134": RUNC_134})
     for name, binary in controls.items():
         handler = copy.deepcopy(handlers["runc"])
         handler["options"]["BinaryName"] = binary
+        handler["options"]["SystemdCgroup"] = name not in CGROUPFS
         handlers[name] = handler
 
 
@@ -143,7 +154,7 @@ def setup_16() -> None:
     os.makedirs(DATA_MOUNT, exist_ok=True)
     sh("mount", "-t", "ext4", DATA_DEVICE, DATA_MOUNT)
     write_config(with_134)
-    guarded = ["--runtime", "runc"] + (["--runtime", "runc-134"] if with_134 else [])
+    guarded = ["--runtime", "runc", "--runtime", "runc-fs"] + (["--runtime", "runc-134"] if with_134 else [])
     configured = sh("runc-guardctl", "configure", "containerd", *guarded, "--restart")
     wait_crictl()
     import_images("ctr")
@@ -169,7 +180,8 @@ def setup_2(version: str) -> None:
                 f"ExecStart={containerd} --config {CONFIG_2}\n")
     sh("systemctl", "daemon-reload")
     configured = sh("runc-guardctl", "configure", "containerd", "--config", CONFIG_2,
-                    "--runtime", "runc", "--runtime", "runc-134", "--restart", timeout=300)
+                    "--runtime", "runc", "--runtime", "runc-fs", "--runtime", "runc-134", "--restart",
+                    timeout=300)
     wait_crictl()
     # containerd 2.x reads 1.6's metadata (same root): the images are normally still
     # there; import them again only when its CRI does not list both.
