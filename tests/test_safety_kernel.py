@@ -687,9 +687,18 @@ def sigint_while_importing(shim: str, module: str, tmp: str) -> subprocess.Compl
     with stall.traced(argv, stderr=subprocess.PIPE, env=env) as proc:
         tracee = stall.tracee(proc.pid, shim)
         assert stall.held_in_a_syscall(tracee), f"the import of {module} never stalled under strace"
+        masks = _signal_masks(tracee)
         os.kill(tracee, signal.SIGINT)
         _out, err = proc.communicate(timeout=30)
-    return subprocess.CompletedProcess(argv, proc.returncode, "", err)
+    return subprocess.CompletedProcess(argv, proc.returncode, masks, err)
+
+
+def _signal_masks(pid: int) -> str:
+    """The tracee's blocked, ignored and caught signals when the SIGINT is sent (/proc/<pid>/status):
+    a failure says whether the signal could have reached the note-only handler at all."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
+        return " ".join(line.strip() for line in f if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    return "(status unreadable)"
 
 
 STRACE = stall.STRACE
@@ -703,7 +712,7 @@ def test_sigint_while_the_delete_path_loads_prints_no_traceback(python_entry: st
     traceback, the runtime never ran."""
     proc = sigint_while_importing(python_entry, "runc_guard/delete/run.py", str(tmp_path))
     assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
-    assert proc.returncode == 128 + signal.SIGINT, proc.stderr
+    assert proc.returncode == 128 + signal.SIGINT, (proc.stderr, proc.stdout)
     assert proc.stderr.count("\n") == 1 and "interrupted by SIGINT" in proc.stderr
     SUMMARY.append(
         f"case 7 SIGINT while the delete path loads: runc-guard exit {proc.returncode}, no traceback"
@@ -715,4 +724,4 @@ def test_sigint_while_the_shim_loads_prints_no_traceback(python_entry: str, tmp_
     """Case 7: SIGINT while the shim itself is imported (right after exec): no traceback, exit 130."""
     proc = sigint_while_importing(python_entry, "runc_guard/shim/entry.py", str(tmp_path))
     assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
-    assert proc.returncode == 128 + signal.SIGINT, proc.stderr
+    assert proc.returncode == 128 + signal.SIGINT, (proc.stderr, proc.stdout)
