@@ -179,7 +179,7 @@ class Reclaimer:
             if held is not None:
                 self.report.held[path] = held  # gone from ``path``: the rmdir after finds ENOENT
                 return
-            if result.skipped == DIRTY:  # not held after all (cgroup2, a record of that name): as without
+            if result.skipped == DIRTY:  # not held after all (a record of that name, the rename failed)
                 result = self.fs.reclaim_memory(path, until)
                 self.report.reclaimed += result.reclaimed
         if result.skipped:
