@@ -21,7 +21,6 @@ import errno
 import time
 
 from runc_guard.delete.cgroupfs import CgroupFsOps
-from runc_guard.delete.memcg_hold import held_name, holdable
 from runc_guard.delete.reclaim import DIRTY
 from runc_guard.errors import EXIT_CGROUP_BUSY, EXIT_CGROUP_ERROR, RuncGuardError
 
@@ -164,17 +163,18 @@ class Reclaimer:
             return
         self.done.add(path)
         until = self.until if self.until is not None else min(self.deadline, self.clock() + self.budget)
-        # Dirty pages are left to a hold when one is possible here (v1, a finisher, not a unit's
-        # cgroup): the kernel's reclaim can wait 100 ms on them, on the reply's time.
-        may_hold = self.hold is not None and held_name(path) is not None
-        result = self.fs.reclaim_memory(path, until, hold_dirty=may_hold)
+        # Dirty pages are left to a hold when a finisher will run (v1): the kernel's reclaim can wait
+        # 100 ms on them, on the reply's time. Where the hold cannot be (a unit's cgroup), they are
+        # reclaimed below after all: a rare second look costs less than importing delete.memcg_hold
+        # on every delete.
+        result = self.fs.reclaim_memory(path, until, hold_dirty=self.hold is not None)
         if self.until is None and result.before:
             # The budget starts here, at the first memory cgroup with pages charged: not at the first
             # empty directory of any hierarchy (a freezer or pids directory empties first, and the
             # memory one, held up by a process dying slowly, seconds later).
             self.until = until
         self.report.reclaimed += result.reclaimed
-        if result.skipped and self.hold is not None and holdable(result.skipped):
+        if result.skipped and self.hold is not None and _holdable(result.skipped):
             held = self.hold(path, result.skipped)
             if held is not None:
                 self.report.held[path] = held  # gone from ``path``: the rmdir after finds ENOENT
@@ -186,6 +186,13 @@ class Reclaimer:
             self.report.unreclaimed[path] = result.skipped
         else:
             self.report.unreclaimed.pop(path, None)
+
+
+def _holdable(reason: str) -> bool:
+    """delete.memcg_hold.holdable, imported only when a reclaim left pages (not on a clean delete)."""
+    from runc_guard.delete.memcg_hold import holdable
+
+    return holdable(reason)
 
 
 def attempt_removal(

@@ -42,7 +42,6 @@ from runc_guard.delete.cleanup import (
     drain,
     live_pids,
 )
-from runc_guard.delete.memcg_hold import hold as hold_memcg
 from runc_guard.delete.outcomes import ALREADY_GONE, REMOVED, UNKNOWN, WARNING_OUTCOMES
 from runc_guard.delete.paths import check_container_paths, check_path, init_started_wall
 from runc_guard.delete.pending import (
@@ -644,7 +643,9 @@ class DeleteRun:
 
     def _hold_memcg(self, path: str, reason: str) -> str | None:
         """A memory cgroup too large to reclaim on the reply's time, held for the finisher (v1 only)."""
-        return hold_memcg(path, self.settings.cache_dir, self.container_id, self.root, reason)
+        from runc_guard.delete.memcg_hold import hold  # only when a reclaim left pages to hold
+
+        return hold(path, self.settings.cache_dir, self.container_id, self.root, reason)
 
     def _write_record(self, state: ContainerState, paths: list[str]) -> str | None:
         record = PendingRecord(
