@@ -14,7 +14,7 @@ import pytest
 from runc_guard.delete import memcg_hold
 from runc_guard.delete.cgroupfs import CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC
 from runc_guard.delete.cleanup import drain
-from runc_guard.delete.reclaim import DIRTY, reclaim
+from runc_guard.delete.reclaim import DIRTY, holdable, reclaim
 from runc_guard.node import late_reclaim
 from runc_guard.node.metrics import apply_delete_line, new_state
 from tests.fakes import FakeCgroupFs, FakeClock
@@ -88,7 +88,7 @@ def test_reclaim_leaves_dirty_pages_to_a_hold_on_v1_only(tmp_path: Path) -> None
     (v1 / "memory.force_empty").write_text("")
     result = reclaim(str(v1), float("inf"), hold_dirty=True)
     assert result.skipped == DIRTY and (v1 / "memory.force_empty").read_text() == ""
-    assert memcg_hold.holdable(result.skipped)
+    assert holdable(result.skipped)
     v2 = tmp_path / "v2"
     v2.mkdir()
     (v2 / "memory.current").write_text(f"{2 << 20}\n")

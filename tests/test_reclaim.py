@@ -9,7 +9,6 @@ import pytest
 
 from runc_guard.delete import reclaim
 from runc_guard.delete.cleanup import drain
-from runc_guard.delete.memcg_hold import holdable
 from tests.fakes import FakeCgroupFs, FakeClock
 
 
@@ -95,7 +94,7 @@ def test_page_cache_the_kernel_left_is_named_and_may_be_held(tmp_path: Path) -> 
     result = reclaim.reclaim(str(cg), deadline=float("inf"))
     assert (cg / "memory.force_empty").read_text() == "0"
     assert result.skipped == f"{reclaim.LEFT} (2048 KiB, 1024 KiB dirty or under writeback)"
-    assert holdable(result.skipped)
+    assert reclaim.holdable(result.skipped)
 
 
 def test_shmem_is_not_page_cache_a_reclaim_can_drop(tmp_path: Path) -> None:
@@ -105,7 +104,7 @@ def test_shmem_is_not_page_cache_a_reclaim_can_drop(tmp_path: Path) -> None:
     (cg / "memory.stat").write_text(f"cache {1 << 20}\nrss 0\nshmem {1 << 20}\ndirty 0\nwriteback 0\n")
     result = reclaim.reclaim(str(cg), deadline=float("inf"))
     assert (cg / "memory.force_empty").read_text() == "" and result.skipped == reclaim.SHMEM
-    assert not holdable(result.skipped)
+    assert not reclaim.holdable(result.skipped)
     assert reclaim.page_cache(str(cg), reclaim.V1) == (0, 0, 1 << 20)
 
 

@@ -34,7 +34,7 @@ from labkit.kernel import (
 )
 from labkit.scenario import guard_env
 from runc_guard.delete import reclaim
-from runc_guard.delete.memcg_hold import PREFIX, held_dir, holdable
+from runc_guard.delete.memcg_hold import PREFIX, held_dir
 
 pytestmark = pytest.mark.kernel
 
@@ -181,8 +181,8 @@ def test_what_reclaim_cannot_drop_is_named_on_the_real_kernel(
         shmem = reclaim.reclaim(shm, time.monotonic() + 1)
         shm_usage = _usage(shm)
         print(f"\nmlocked 1 MiB: {left.skipped}; tmpfs 1 MiB: {shmem.skipped} ({shm_usage >> 10} KiB)")
-        assert left.skipped.startswith(reclaim.LEFT) and holdable(left.skipped), left.skipped
-        assert shmem.skipped == reclaim.SHMEM and not holdable(shmem.skipped), shmem.skipped
+        assert left.skipped.startswith(reclaim.LEFT) and reclaim.holdable(left.skipped), left.skipped
+        assert shmem.skipped == reclaim.SHMEM and not reclaim.holdable(shmem.skipped), shmem.skipped
         assert shm_usage >= MIB, "the control: nothing took the tmpfs pages"
         # Unlocked, the same page cache goes: what was left was the lock's, not the reclaim's.
         assert reclaim.reclaim(locked, time.monotonic() + 1).skipped == ""

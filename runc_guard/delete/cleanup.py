@@ -21,7 +21,7 @@ import errno
 import time
 
 from runc_guard.delete.cgroupfs import CgroupFsOps
-from runc_guard.delete.reclaim import DIRTY
+from runc_guard.delete.reclaim import DIRTY, holdable
 from runc_guard.errors import EXIT_CGROUP_BUSY, EXIT_CGROUP_ERROR, RuncGuardError
 
 TYPE_CHECKING = False
@@ -174,7 +174,7 @@ class Reclaimer:
             # memory one, held up by a process dying slowly, seconds later).
             self.until = until
         self.report.reclaimed += result.reclaimed
-        if result.skipped and self.hold is not None and _holdable(result.skipped):
+        if result.skipped and self.hold is not None and holdable(result.skipped):
             held = self.hold(path, result.skipped)
             if held is not None:
                 self.report.held[path] = held  # gone from ``path``: the rmdir after finds ENOENT
@@ -186,13 +186,6 @@ class Reclaimer:
             self.report.unreclaimed[path] = result.skipped
         else:
             self.report.unreclaimed.pop(path, None)
-
-
-def _holdable(reason: str) -> bool:
-    """delete.memcg_hold.holdable, imported only when a reclaim left pages (not on a clean delete)."""
-    from runc_guard.delete.memcg_hold import holdable
-
-    return holdable(reason)
 
 
 def attempt_removal(

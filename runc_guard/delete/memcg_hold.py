@@ -26,7 +26,6 @@ import os
 import time
 
 from runc_guard.atomic import json_records, read_trusted_json, write_json_record
-from runc_guard.delete.reclaim import DIRTY, LEFT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -40,19 +39,12 @@ PREFIX = ".runc-guard-held."
 MAX_RECORD_BYTES = 64 << 10
 NAME_MAX = 255
 
-#: What delete.reclaim gives up on that a later, paced reclaim can still do. Not an error of the
-#: kernel's (``memory.force_empty: EBUSY``) or an unreadable memory.stat: those stay as they are.
-HOLDABLE = ("page cache too large", "too much dirty", "deadline", "I/O pressure", LEFT, DIRTY)
 #: Systemd units' cgroups: systemd creates, watches and removes them itself.
 UNIT_SUFFIXES = (".scope", ".slice")
 
 
 def held_dir(cache_dir: str) -> str:
     return os.path.join(cache_dir, HELD_DIR)
-
-
-def holdable(reason: str) -> bool:
-    return reason.startswith(HOLDABLE)
 
 
 def held_name(path: str) -> str | None:

@@ -121,6 +121,13 @@ LEFT = "page cache left after reclaim"
 #: Why a v1 memcg with dirty pages is held rather than reclaimed on the reply's time (hold_dirty).
 DIRTY = "dirty pages (left to writeback, reclaimed after the reply)"
 SHMEM = "shmem charged (tmpfs pages outlive the container)"
+#: What :func:`reclaim` gives up on that a later, paced reclaim can still do (delete.memcg_hold). Not an
+#: error of the kernel's (``memory.force_empty: EBUSY``) or an unreadable memory.stat: those stay as they are.
+HOLDABLE = ("page cache too large", "too much dirty", "deadline", "I/O pressure", LEFT, DIRTY)
+
+
+def holdable(reason: str) -> bool:
+    return reason.startswith(HOLDABLE)
 
 
 def page_cache(path: str, method: str) -> tuple[int, int, int] | None:
