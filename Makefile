@@ -8,13 +8,14 @@ PY := $(VENV)/bin/python
 # driver (systemd-nspawn); prometheus: promtool, which checks and unit-tests the
 # alert rules; strace: stalls an import and injects syscall faults (pidfd_open ENOSYS, /proc EMFILE);
 # gcc + libc6-dev: the CRI suite's static pause binary; qemu-system-x86 + e2fsprogs:
-# the VM lab of a pure cgroup v2 node (qemu under TCG, its disk made by mkfs.ext4 -d).
+# the VM lab of a pure cgroup v2 node (qemu under TCG, its disk made by mkfs.ext4 -d);
+# patchelf: sid's runc and crun run here on sid's own glibc (labkit/runtimes.py).
 APT_PACKAGES := runc containerd crun busybox-static python3-venv systemd util-linux procps make \
-	debootstrap systemd-container prometheus strace gcc libc6-dev qemu-system-x86 e2fsprogs
+	debootstrap systemd-container prometheus strace gcc libc6-dev qemu-system-x86 e2fsprogs patchelf
 SOURCES := $(shell find runc_guard bin launcher -type f -name '*' -not -name '*.pyc') pyproject.toml setup.py
 STAMP := $(VENV)/.installed
 
-.PHONY: deps venv lint typecheck unit kernel integration test demo bench clean
+.PHONY: deps venv lint typecheck unit kernel integration runtimes test demo bench clean
 
 deps:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -58,11 +59,14 @@ integration: deps venv
 # The README's test command: lint, type check, unit, kernel and integration tests.
 # Two workers (these machines have two cores); --dist loadscope keeps each module's
 # containerd lab on one worker, and --no-loadscope-reorder hands modules out in
-# collection order, the VM lab first (integration/conftest.py). The runtime matrix
-# needs RUNC_GUARD_TEST_RUNTIMES (default: ../shared/runtimes beside the checkout;
-# .ci/run unpacks and sets it).
+# collection order, the VM lab first (integration/conftest.py). The runtimes beyond
+# Debian 12's (containerd 1.7 / 2.1, runc 1.3, crun 1.28, the CRI's api.proto) come from
+# Debian's archive: `runtimes` fetches them once into /var/tmp (labkit/runtimes.py).
 JOBS ?= 2
-test: deps venv lint typecheck
+runtimes: venv
+	$(PY) -m labkit.runtimes
+
+test: deps venv lint typecheck runtimes
 	$(PY) -m pytest -n $(JOBS) --dist loadscope --no-loadscope-reorder tests integration
 
 # The README's main job: stock runc leaks cgroups on a slow teardown, runc-guard does not.

@@ -15,22 +15,23 @@ as the processes in that private mount namespace, which only this lab created.
 Every task gets its own containerd namespace, so its cgroups live under
 ``/<namespace>/<id>`` in every hierarchy and are removed with the namespace.
 
-containerd 2.2 and other runc versions (additive API, every default unchanged)
--------------------------------------------------------------------------------
-The same lab runs containerd 2.2.2 from ``labkit.runtimes`` (the setting
-``RUNC_GUARD_TEST_RUNTIMES``). Pick a build and a runc by name::
+Other containerd and runc versions (Debian's archive, labkit.runtimes)
+----------------------------------------------------------------------
+The same lab runs trixie's containerd 1.7 and sid's containerd 2.1 with sid's
+runc 1.3, each fetched from Debian's archive by ``labkit.runtimes``. Pick a
+build and a runc by name::
 
-    build = cl.require_build(cl.CONTAINERD_22)      # absent: fails under CI, else skips
-    runc = cl.require_runc(cl.RUNC_1_3_4)           # RUNC_1_1_5 (Debian), RUNC_1_3_4, RUNC_1_5_1
+    build = cl.require_build(cl.CONTAINERD_21)      # cannot be had: fails under CI, else skips
+    runc = cl.require_runc(cl.RUNC_1_3)             # RUNC_1_1 (Debian 12's 1.1.5) or RUNC_1_3
     with cl.guarded_containerd_in(factory, "name", build=build, runc=runc) as lab:
-        task = cl.run_task(lab.containerd, ns, cl.guard_binary())   # runc-guard -> runc 1.3.4
-        crash = cl.path_b_crash(lab.containerd, ns, runc, delay=1.5)  # stock runc 1.3.4
+        task = cl.run_task(lab.containerd, ns, cl.guard_binary())   # runc-guard -> runc 1.3
+        crash = cl.path_b_crash(lab.containerd, ns, runc, delay=1.5)  # stock runc 1.3
 
-- ``build`` (a :class:`Build`; default ``None`` = Debian's containerd 1.6.20,
-  exactly as before) chooses the ``containerd`` and ``ctr`` binaries, the config
-  layout (``version = 2`` or ``version = 3``) and the PATH: for 2.2 the runtimes'
-  ``bin/`` comes first, so containerd starts its own ``containerd-shim-runc-v2``.
-  ``Containerd.ctr`` always runs the build's own ``ctr``. Both versions' shims keep
+- ``build`` (a :class:`Build`; default ``None`` = Debian 12's containerd 1.6.20)
+  chooses the ``containerd`` and ``ctr`` binaries, the config layout
+  (``version = 2`` up to 1.7, ``version = 3`` for 2.x) and the PATH: the build's
+  own directory comes first, so containerd starts its own ``containerd-shim-runc-v2``.
+  ``Containerd.ctr`` always runs the build's own ``ctr``. Every version's shim keeps
   runc state under ``/run/containerd/runc/<ns>/<id>``: inside the lab's private
   ``/run`` (``Containerd.runc_state(ns, id)`` gives the host-visible path).
 - ``runc`` (a path) is the runtime runc-guard fronts: ``RUNC_GUARD_RUNTIME`` of the
@@ -101,10 +102,10 @@ DISABLED_PLUGINS = [
 ]
 
 
-#: containerd builds the lab can run (see :func:`find_build`).
-CONTAINERD_16, CONTAINERD_22, CONTAINERD_23 = "1.6", "2.2", "2.3"
-#: runc versions by name (see :func:`runc_binary`): Debian's, and the runtimes tarball's.
-RUNC_1_1_5, RUNC_1_3_4, RUNC_1_5_1 = "1.1.5", "1.3.4", "1.5.1"
+#: containerd builds the lab can run (see :func:`find_build`): Debian 12's, trixie's, sid's.
+CONTAINERD_16, CONTAINERD_17, CONTAINERD_21 = "1.6", "1.7", "2.1"
+#: runc versions by series (see :func:`runc_binary`): Debian 12's 1.1.5, sid's 1.3.
+RUNC_1_1, RUNC_1_3 = "1.1", "1.3"
 # containerd 2.x splits the CRI into several plugins; every one needs CNI or images.
 DISABLED_PLUGINS_V3 = [
     *DISABLED_PLUGINS,
@@ -128,7 +129,7 @@ class Build:
     config_version: int
     #: Directory put first on PATH (containerd 2.2 finds its own shim there), or None.
     bin_dir: str | None
-    #: The runc this containerd is paired with (Debian's 1.1.5; 1.3.4 for 2.2.2).
+    #: The runc this containerd is paired with (Debian 12's 1.1.5; sid's 1.3 for 1.7 and 2.1).
     runc: str
 
 
@@ -151,50 +152,54 @@ def cri_runc_handler(version: int, systemd_cgroup: bool) -> str:
     )
 
 
+#: The builds fetched from Debian's archive: (containerd, ctr, shim) and the config layout.
+_BUILDS = {
+    CONTAINERD_17: ((runtimes.CONTAINERD_17, runtimes.CTR_17, runtimes.SHIM_17), 2),
+    CONTAINERD_21: ((runtimes.CONTAINERD_21, runtimes.CTR_21, runtimes.SHIM_21), 3),
+}
+
+
 def find_build(name: str = CONTAINERD_16) -> Build | None:
-    """The containerd build ``name`` (CONTAINERD_16 or CONTAINERD_22), None when absent."""
+    """The containerd build ``name`` (CONTAINERD_16, _17 or _21), None when it cannot be had.
+
+    The archive's builds are paired with sid's runc 1.3, as a node that installs
+    containerd 1.7 or 2.x from its distribution gets a runc >= 1.2.
+    """
     if name == CONTAINERD_16:
         return DEBIAN_BUILD
-    files = {
-        CONTAINERD_22: (runtimes.CONTAINERD_2, runtimes.CTR_2, runtimes.SHIM_2),
-        CONTAINERD_23: (runtimes.CONTAINERD_23, runtimes.CTR_23, runtimes.SHIM_23),
-    }
-    if name in files:
-        binary, ctr, shim = (runtimes.find(f) for f in files[name])
-        runc = runtimes.find(runtimes.RUNC_134)
-        if binary is None or ctr is None or shim is None or runc is None:
-            return None
-        return Build(name, binary, ctr, 3, os.path.dirname(shim), runc)
-    raise ValueError(f"unknown containerd build {name!r}")
+    if name not in _BUILDS:
+        raise ValueError(f"unknown containerd build {name!r}")
+    files, config_version = _BUILDS[name]
+    binary, ctr, shim, runc = (runtimes.find(b) for b in (*files, runtimes.RUNC_13))
+    if binary is None or ctr is None or shim is None or runc is None:
+        return None
+    return Build(name, binary, ctr, config_version, os.path.dirname(shim), runc)
 
 
 def require_build(name: str) -> Build:
-    """:func:`find_build`; when absent, stops the test naming the setting (labkit.prereq)."""
+    """:func:`find_build`; when it cannot be had, stops the test naming the package (labkit.prereq)."""
     found = find_build(name)
     if found is None:
-        for binary in (runtimes.CONTAINERD_2, runtimes.SHIM_2, runtimes.CTR_2, runtimes.RUNC_134):
+        for binary in (*_BUILDS[name][0], runtimes.RUNC_13):
             runtimes.require(binary)
         raise RuntimeError(f"containerd build {name} is incomplete")
     return found
 
 
-_RUNC_FILES = {RUNC_1_3_4: runtimes.RUNC_134, RUNC_1_5_1: runtimes.RUNC_151}
-
-
 def runc_binary(version: str) -> str | None:
-    """Path of runc ``version`` (RUNC_1_1_5 is Debian's), None when absent."""
-    if version == RUNC_1_1_5:
+    """Path of runc ``version`` (RUNC_1_1 is Debian 12's 1.1.5), None when it cannot be had."""
+    if version == RUNC_1_1:
         return STOCK_RUNC if os.access(STOCK_RUNC, os.X_OK) else None
-    if version not in _RUNC_FILES:
+    if version != RUNC_1_3:
         raise ValueError(f"unknown runc version {version!r}")
-    return runtimes.find(_RUNC_FILES[version])
+    return runtimes.find(runtimes.RUNC_13)
 
 
 def require_runc(version: str) -> str:
-    """:func:`runc_binary`; when absent, stops the test naming the setting (labkit.prereq)."""
+    """:func:`runc_binary`; when it cannot be had, stops the test naming the package (labkit.prereq)."""
     found = runc_binary(version)
     if found is None:
-        return runtimes.require(_RUNC_FILES.get(version, "runc"))
+        return runtimes.require(runtimes.RUNC_13)
     return found
 
 
