@@ -4,10 +4,10 @@ The module ``integration/test_vm_node.py`` runs the unified cells that fit the C
 budget; this runs any cell of the matrix on demand, the hybrid layout of the
 incident (``systemd.unified_cgroup_hierarchy=0``) included: boot ``labkit.vm``
 in ``--layout``, configure containerd 1.6.20 (``setup.py``), upgrade it in place
-to ``--containerd`` 2.x if asked (``setup.py containerd2``), run the teardown
-cell (``scenarios.py teardown``) for the handler pair of ``--runc`` (``stock`` /
-``runc`` in front of Debian's runc 1.1.5, ``stock-134`` / ``runc-134`` in front
-of runc 1.3.4) and then ``runc-guardctl audit`` / ``sweep`` / ``metrics``
+to Debian sid's containerd 2.1 if asked (``--containerd 2.1``: ``setup.py
+containerd2``), run the teardown cell (``scenarios.py teardown``) for the
+handler pair of ``--runc`` (``stock`` / ``runc`` in front of Debian 12's runc
+1.1.5, ``stock-13`` / ``runc-13`` in front of sid's runc 1.3) and then ``runc-guardctl audit`` / ``sweep`` / ``metrics``
 (``scenarios.py node-tools``), then ``systemctl restart containerd`` (1.6 re-runs
 its dead-shim cleanup of the bundles it kept) and the tools again. Prints a
 docs/vm.md row per container (and the pod's sandbox) of each handler: cgroup
@@ -16,7 +16,7 @@ kubelet's removal, after the sweep and after the restart + sweep, and
 runc-guard's journal outcomes.
 Figures are TCG's (docs/vm.md).
 
-Run: ``python -m bench.vm_cells --layout hybrid [--containerd 1.6.20] [--runc 1.1.5] [--path b]``.
+Run: ``python -m bench.vm_cells --layout hybrid [--containerd 1.6] [--runc 1.1] [--path b]``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,10 @@ from typing import Any
 from bench.common import print_table, vm_bench_args
 from labkit import vm
 
-PAIRS = {"1.1.5": ("stock", "runc"), "1.3.4": ("stock-134", "runc-134")}
+#: ``--runc``: Debian 12's runc 1.1.5, or sid's runc 1.3 (labkit.vm.GUEST_RUNC).
+PAIRS = {"1.1": ("stock", "runc"), "1.3": ("stock-13", "runc-13")}
+#: ``--containerd``: Debian 12's 1.6.20, or sid's 2.1 (labkit.vm.GUEST_CONTAINERD) upgraded to in place.
+CONTAINERDS = ("1.6", "2.1")
 
 
 def summary(left: dict[str, Any]) -> str:
@@ -51,8 +54,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"booted {args.layout} in {node.boot_s:.0f} s (TCG, {node.smp} vCPU)", flush=True)
         t = time.monotonic()
         node.guest("setup.py", timeout=600)
-        if args.containerd != "1.6.20":
-            node.guest("setup.py", "containerd2", args.containerd, timeout=900)
+        if args.containerd != "1.6":
+            node.guest("setup.py", "containerd2", timeout=900)
         print(f"containerd {args.containerd} configured in {time.monotonic() - t:.0f} s", flush=True)
         t = time.monotonic()
         cell: dict[str, Any] = node.guest(
@@ -109,8 +112,8 @@ def report(args: argparse.Namespace, results: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layout", choices=(vm.UNIFIED, vm.HYBRID), default=vm.HYBRID)
-    parser.add_argument("--containerd", choices=("1.6.20", "2.2.2", "2.3.4"), default="1.6.20")
-    parser.add_argument("--runc", choices=tuple(PAIRS), default="1.1.5")
+    parser.add_argument("--containerd", choices=CONTAINERDS, default="1.6")
+    parser.add_argument("--runc", choices=tuple(PAIRS), default="1.1")
     parser.add_argument("--path", choices=("a", "b", "b+sibling"), default="b")
     args = vm_bench_args(parser)
     started = time.monotonic()

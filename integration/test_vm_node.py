@@ -1,4 +1,4 @@
-"""A pure cgroup v2 node in a VM: systemd PID 1, journald, kubelet's systemd driver, crictl.
+"""A pure cgroup v2 node in a VM: systemd PID 1, journald, kubelet's systemd driver, a CRI client.
 
 One boot serves the module (``labkit.vm``): Debian 12's kernel 6.1 under TCG,
 every controller on the unified tree, containerd 1.6.20 configured by
@@ -10,13 +10,13 @@ shipped ones, and where that changes what a case means the test prints it.
 
 The cells (``labkit/vm_guest/scenarios.py``, figures in docs/vm.md): a teardown
 held by throttled writeback (``io.max`` on the pod slice, a ``busybox dd`` in D
-state for ~8 s) on Path A (``crictl stop``) and Path B (init and shim SIGKILLed),
-the same Path B in front of runc 1.3.4 (handlers ``stock-134`` / ``runc-134``:
-cgroup.kill on v2, state kept on a failed destroy), then ``runc-guardctl audit``
-/ ``sweep`` / ``metrics``; a real memcg OOM restarted like CrashLoopBackOff; and
-last, the node upgraded in place to containerd 2.3.4 (its own default config,
-``SystemdCgroup = true``, ``runc-guardctl configure containerd``) and Path B
-under it, runc 1.3.4 stock vs runc-guard. The hybrid layout
+state for ~8 s) on Path A (``StopContainer`` with timeout 0) and Path B (init
+and shim SIGKILLed), then ``runc-guardctl audit`` / ``sweep`` / ``metrics``; a
+real memcg OOM restarted like CrashLoopBackOff; and last, the node upgraded in
+place to Debian sid's containerd 2.1 (its own default config, ``SystemdCgroup =
+true``, ``runc-guardctl configure containerd``) and Path B under it in front of
+sid's runc 1.3 (handlers ``stock-13`` / ``runc-13``: cgroup.kill on v2, state
+kept on a failed destroy), stock vs runc-guard. The hybrid layout
 (``systemd.unified_cgroup_hierarchy=0``) needs a boot of its own and does not
 fit the module's CI budget: ``python -m bench.vm_cells --layout hybrid`` runs
 its cells (docs/vm.md). Path B with a sibling container in the pod is
@@ -24,11 +24,13 @@ not in the module (two more minutes of TCG): ``python -m bench.vm_cells --layout
 unified --path b+sibling``, its figures in docs/vm.md.
 
 What the module needs is checked before the boot. The boot and the node check run on
-Debian's own packages (containerd 1.6.20, runc 1.1.5): a clone with nothing beside it
-runs them. Every cell drives the guest's CRI with the shared runtimes' crictl (Debian
-12 ships none), the containerd 2.x cell also needs their runc 1.3.4 and containerd
-2.3.4: without them (``RUNC_GUARD_TEST_RUNTIMES``) those cells skip naming the
-binary, or fail under ``CI=true`` (labkit.prereq), before anything boots for them.
+Debian 12's own packages (containerd 1.6.20, runc 1.1.5). Every cell drives the
+guest's CRI with ``labkit.cri_client`` (Debian 12 packages no crictl), whose stubs
+the guest compiles from the CRI's ``api.proto`` (sid's ``golang-k8s-cri-api-dev``);
+the containerd 2.x cell also needs sid's runc 1.3 and containerd 2.1. All three come
+from Debian's archive (``labkit.runtimes``): when it cannot be reached and nothing is
+cached, those cells skip naming the package, or fail under ``CI=true``
+(labkit.prereq), before anything boots for them.
 """
 
 from __future__ import annotations
@@ -43,31 +45,30 @@ from labkit import prereq, runtimes, vm
 
 STOCK, GUARD = "stock", "runc"
 HANDLERS = f"{STOCK},{GUARD}"
-#: runc 1.3.4 (cgroup.kill on v2, keeps its state on a failed destroy): the same pair in front of it.
-STOCK_134, GUARD_134 = "stock-134", "runc-134"
+#: sid's runc 1.3 (cgroup.kill on v2, keeps its state on a failed destroy): the same pair in front of it.
+STOCK_13, GUARD_13 = "stock-13", "runc-13"
 PAIR = (STOCK, GUARD)
-PAIR_134 = (STOCK_134, GUARD_134)
-#: containerd 2.x the module upgrades the node to at its end (labkit/vm_guest/setup.py containerd2).
-CONTAINERD_2 = "2.3.4"
+PAIR_13 = (STOCK_13, GUARD_13)
 #: Restarts per handler in the module's crash loop (bench/vm_crashloop.py runs the long one).
 CRASH_RESTARTS = 2
 
 
 @pytest.fixture(scope="module")
 def cri() -> None:
-    """The shared runtimes' crictl, which every cell drives the guest with: checked before the boot.
+    """The CRI's api.proto, which the guest compiles for labkit.cri_client: checked before the boot.
 
     A fixture that needs it names it before ``node`` (pytest sets up a fixture's
-    arguments in order), so a clone without the runtimes never boots for a cell it skips.
+    arguments in order), so a machine without it never boots for a cell it skips.
     """
-    runtimes.require(runtimes.CRICTL)
+    runtimes.require(runtimes.CRI_API_PROTO)
 
 
 @pytest.fixture(scope="module")
-def upgrade() -> None:
-    """The containerd 2.x cell's binaries from the shared runtimes (runc 1.3.4, containerd 2.3.4)."""
-    runtimes.require(runtimes.RUNC_134)
-    runtimes.require(runtimes.CONTAINERD_23)
+def upgrade() -> str:
+    """The containerd 2.x cell's binaries from Debian sid (runc 1.3, containerd 2.1); 2.1's version."""
+    runtimes.require(vm.GUEST_RUNC)
+    runtimes.require(vm.GUEST_CONTAINERD)
+    return runtimes.upstream(runtimes.version(vm.GUEST_CONTAINERD.package))
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +101,8 @@ def teardowns(cri: None, node: vm.VM) -> dict[str, dict[str, Any]]:
         "path-a": cell(node, "teardown", HANDLERS, "a", "pod"),
         # kubelet's default, own PID namespace: init waits in do_exit for the writer.
         "path-b": cell(node, "teardown", HANDLERS, "b", "container"),
-        # runc 1.3.4 (cgroup.kill, state kept on failure) runs under containerd 2.x below, what
-        # 2.x ships; under 1.6.20 too in `python -m bench.vm_cells --layout unified --runc 1.3.4`
+        # runc 1.3 (cgroup.kill, state kept on failure) runs under containerd 2.1 below, what
+        # 2.x ships; under 1.6.20 too in `python -m bench.vm_cells --layout unified --runc 1.3`
         # (56 s more here than make test's budget holds).
     }
     ids = [c for result in cells.values() for h in result if isinstance(result[h], dict)
@@ -199,8 +200,8 @@ def test_path_a_throttled_teardown(teardowns: dict[str, dict[str, Any]], record_
     for handler in (STOCK, GUARD):
         assert result[handler]["io_max"].endswith("wbps=65536 riops=max wiops=max"), result[handler]
         r = result[handler]
-        figure(record_property, f"vm path-a {handler}: crictl stop -t 0 returned after {r['stop_s']} s "
-               f"(rc {r['stop_rc']}), the writer exited {r['held_s']} s after it")  # fmt: skip
+        figure(record_property, f"vm path-a {handler}: StopContainer(timeout 0) returned after "
+               f"{r['stop_s']} s (rc {r['stop_rc']}), the writer exited {r['held_s']} s after")  # fmt: skip
     guard = result[GUARD]["after_removal"]["work"]
     assert guard == {"dirs": 0, "unit": "gone", "state": False, "bundle": False, "records": 0}, result[GUARD]
     # journald is the system journal: every delete runc-guard ran is there under the container's id.
@@ -257,34 +258,36 @@ def test_oom_crash_loop(cri: None, node: vm.VM, record_property: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def containerd2(upgrade: None, teardowns: dict[str, Any], node: vm.VM) -> dict[str, Any]:
-    """The node upgraded in place to containerd 2.x, then its Path B cell (runc 1.3.4, what 2.x ships).
+def containerd2(upgrade: str, teardowns: dict[str, Any], node: vm.VM) -> dict[str, Any]:
+    """The node upgraded in place to containerd 2.1, then its Path B cell (runc 1.3, what 2.x ships).
 
     Last in the module: stopping containerd 1.6.20 ends every 1.6 cell.
     """
-    setup: dict[str, Any] = node.guest("setup.py", "containerd2", CONTAINERD_2, timeout=900)
-    result = cell(node, "teardown", ",".join(PAIR_134), "b", "container")
-    ids = [c for h in PAIR_134 for c in result[h]["ids"].values()]
+    setup: dict[str, Any] = node.guest("setup.py", "containerd2", timeout=900)
+    result = cell(node, "teardown", ",".join(PAIR_13), "b", "container")
+    ids = [c for h in PAIR_13 for c in result[h]["ids"].values()]
     tools: dict[str, Any] = node.guest("scenarios.py", "node-tools", "-", *ids, timeout=900)
-    return {"setup": setup, "path-b": result, "tools": tools}
+    return {"version": upgrade, "setup": setup, "path-b": result, "tools": tools}
 
 
-def test_containerd2_path_b(containerd2: dict[str, Any], record_property: Any) -> None:
-    """containerd 2.x configured by runc-guardctl from its own default config: Path B, stock vs runc-guard."""
-    setup = containerd2["setup"]
-    assert CONTAINERD_2 in setup["containerd_version"], setup
+def test_containerd2_path_b(containerd2: dict[str, Any], node: vm.VM, record_property: Any) -> None:
+    """containerd 2.1 configured by runc-guardctl from its own default config: Path B, stock vs runc-guard."""
+    setup, version = containerd2["setup"], containerd2["version"]
+    assert version in setup["containerd_version"], setup
+    assert node.disk.runtimes is not None
+    runc = node.disk.runtimes["runc"]
     handlers = setup["handlers"]
-    assert handlers[STOCK_134] == {"binary": "/opt/rg/runtimes/runc-1.3.4", "systemd": True}, handlers
-    assert handlers[GUARD_134]["systemd"] is True, handlers
-    assert handlers[GUARD_134]["binary"].startswith("/usr/bin/runc-guard"), handlers
-    figure(record_property, f"vm containerd {CONTAINERD_2}: {setup['configure'][:3]}")
-    name = f"path-b containerd-{CONTAINERD_2} runc-1.3.4"
-    check_path_b(containerd2["path-b"], PAIR_134, name, record_property)
+    assert handlers[STOCK_13] == {"binary": runc["path"], "systemd": True}, handlers
+    assert handlers[GUARD_13]["systemd"] is True, handlers
+    assert handlers[GUARD_13]["binary"].startswith("/usr/bin/runc-guard"), handlers
+    figure(record_property, f"vm containerd {version} ({setup['debian_version']}): {setup['configure'][:3]}")
+    name = f"path-b containerd-{version} runc-{runtimes.upstream(runc['version'])}"
+    check_path_b(containerd2["path-b"], PAIR_13, name, record_property)
     tools = containerd2["tools"]
-    figure(record_property, f"vm containerd {CONTAINERD_2} sweep: rc {tools['sweep_rc']}: "
+    figure(record_property, f"vm containerd {version} sweep: rc {tools['sweep_rc']}: "
            f"{tools['sweep'][:1]}; metrics {tools['metrics']}")  # fmt: skip
     assert tools["sweep_rc"] == 0, tools
-    cid = containerd2["path-b"][GUARD_134]["ids"]["work"]
+    cid = containerd2["path-b"][GUARD_13]["ids"]["work"]
     left = tools["left"][cid]
     assert (left["dirs"], left["records"]) == (0, 0), (cid, left)
 

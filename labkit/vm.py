@@ -5,12 +5,15 @@ boot cgroup v2 unified with every controller, systemd PID 1 and kubelet's system
 cgroup driver. This lab boots exactly that (DESIGN.md §3):
 
 - the image is the nspawn lab's cached debootstrapped root plus Debian's
-  ``linux-image-amd64`` (6.1) and ``initramfs-tools`` (installed in a chroot, once,
-  cached under ``/var/tmp`` by a key of the package lists), then per checkout an
-  ext4 disk (``mkfs.ext4 -d``) of that root with the runtimes from
-  ``labkit.runtimes`` at ``/opt/rg/runtimes`` and runc-guard installed from a real
-  .deb (``packaging/build-deb.sh``), cached by a key of its inputs (the root, the
-  runtimes' checksums, the .deb's file contents, the guest files);
+  ``linux-image-amd64`` (6.1), ``initramfs-tools`` and the grpc/protobuf packages
+  ``labkit.cri_client`` needs (installed in a chroot, once, cached under
+  ``/var/tmp`` by a key of the package lists), then per checkout an ext4 disk
+  (``mkfs.ext4 -d``) of that root with sid's runc 1.3 and containerd 2.1 from
+  ``labkit.runtimes`` (each package's unpacked tree at the same absolute path as on
+  the host: the relinked runc names its glibc by that path) and runc-guard
+  installed from a real .deb (``packaging/build-deb.sh``), cached by a key of its
+  inputs (the root, the runtimes' Debian versions, the .deb's file contents, the
+  guest files);
 - qemu under TCG (``-accel tcg,thread=multi -cpu max``: a KVM guest hangs after
   the kernel's decompressor on these nested machines), ``-kernel/-initrd`` from
   the root, ``root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=1``
@@ -54,8 +57,12 @@ CACHE_ROOT = "/var/tmp/runc-guard-vm-lab"
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHECKOUT = os.path.dirname(HERE)
 GUEST_SRC = os.path.join(HERE, "vm_guest")
-#: What the kernel root adds to the nspawn lab's root: the kernel and its initramfs.
-KERNEL_PACKAGES = ("linux-image-amd64", "initramfs-tools")
+#: What the kernel root adds to the nspawn lab's root: the kernel and its initramfs, and what
+#: labkit.cri_client needs in the guest (Debian 12's grpc, protobuf and grpc_tools, which compiles
+#: the CRI's api.proto there: Debian 12 packages no crictl).
+KERNEL_PACKAGES = (
+    "linux-image-amd64", "initramfs-tools", "python3-grpcio", "python3-protobuf", "python3-grpc-tools",
+)  # fmt: skip
 #: Units that only slow a test boot down (apt's timers, e2scrub), and the sweep and audit timers the
 #: .deb enables: the cells measure what a delete leaves with no sweep, stock beside runc-guard.
 MASKED = (
@@ -72,7 +79,13 @@ DATA_DISK_SIZE = "256M"
 DATA_MOUNT = "/var/lib/rgvm/data"
 #: Inside the guest.
 SHARE = "/opt/rg/share"
-RUNTIMES_DIR = "/opt/rg/runtimes"
+#: Inside the guest: where labkit.runtimes' binaries are (JSON, labkit/vm_guest/setup.py reads it).
+RUNTIMES_MANIFEST = "/opt/rg/runtimes.json"
+#: The packages the guest gets beside Debian 12's own: runc 1.3 for the ``*-13`` handlers and
+#: containerd 2.1 for the in-place upgrade (labkit/vm_guest/setup.py).
+GUEST_RUNC, GUEST_CONTAINERD = runtimes.RUNC_13, runtimes.CONTAINERD_21
+#: :func:`guest_runtimes`: ``{"runc": {"path", "tree", "version"}, "containerd": {...}}``.
+GuestRuntimes = dict[str, dict[str, str]]
 AGENT_PORT = "rg.agent"
 SHARE_TAG = "rgshare"
 UNIFIED, HYBRID = "unified", "hybrid"
@@ -211,12 +224,25 @@ def _tree_key(path: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def _runtimes_key() -> str:
-    directory = runtimes.runtimes_dir()
-    if directory is None:
+def guest_runtimes() -> GuestRuntimes | None:
+    """What the guest gets from labkit.runtimes (binaries, their packages' trees and Debian
+    versions), or None when Debian's archive cannot give it and nothing is cached."""
+    found: GuestRuntimes = {}
+    for name, binary in (("runc", GUEST_RUNC), ("containerd", GUEST_CONTAINERD)):
+        path = runtimes.find(binary)
+        if path is None:
+            return None
+        tree = runtimes.tree(binary.package)
+        found[name] = {"path": path, "tree": tree, "version": runtimes.version(binary.package)}
+    return found
+
+
+def _runtimes_key(found: GuestRuntimes | None) -> str:
+    """The runtimes' Debian versions: labkit.runtimes keys each tree by its version, so a new upload
+    is a new tree and a new disk."""
+    if found is None:
         return "none"
-    with open(os.path.join(directory, "SHA256SUMS"), "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()[:16]
+    return ",".join(f"{name}={r['version']}" for name, r in sorted(found.items()))
 
 
 NINEP_OPTIONS = "trans=virtio,version=9p2000.L,msize=262144"
@@ -251,12 +277,14 @@ class Disk:
     build_s: float | None
     recorded_build_s: float
     root: Root
-    runtimes: bool
+    #: labkit.runtimes' binaries in the guest (:func:`guest_runtimes`), None when the disk has none.
+    runtimes: GuestRuntimes | None
 
 
 DISK_SCRIPT = r"""
 set -eu
-lower=$1 work=$2 deb=$3 rt=$4 img=$5 size=$6
+lower=$1 work=$2 deb=$3 img=$4 size=$5
+shift 5
 mkdir -p "$work/upper" "$work/work" "$work/merged"
 mount -t overlay overlay -o "lowerdir=$lower,upperdir=$work/upper,workdir=$work/work" "$work/merged"
 m=$work/merged
@@ -265,8 +293,10 @@ mount -t proc proc "$m/proc"
 chroot "$m" dpkg -i /tmp/runc-guard.deb
 umount "$m/proc"
 rm -f "$m/tmp/runc-guard.deb"
-mkdir -p "$m/opt/rg/runtimes" "$m/opt/rg/share"
-if [ -d "$rt" ]; then cp -a "$rt/." "$m/opt/rg/runtimes/"; fi
+mkdir -p "$m/opt/rg/share"
+# labkit.runtimes' trees at the same absolute paths (the relinked runc names its loader by path).
+for tree in "$@"; do mkdir -p "$m$tree"; cp -a "$tree/." "$m$tree/"; done
+cp "$work/runtimes.json" "$m$MANIFEST"
 cp "$work/rg-agent.service" "$m/etc/systemd/system/rg-agent.service"
 ln -sf /etc/systemd/system/rg-agent.service "$m/etc/systemd/system/multi-user.target.wants/rg-agent.service"
 for unit in $MASKED; do ln -sf /dev/null "$m/etc/systemd/system/$unit"; done
@@ -283,13 +313,13 @@ mkfs.ext4 -q -F -L rgroot -d "$m" "$img" "$size"
 def ensure_disk(cache_root: str = CACHE_ROOT) -> Disk:
     """The bootable disk for this checkout: cached by root, runtimes, .deb and guest unit."""
     root = ensure_root(cache_root)
-    rt_dir = runtimes.bin_dir()
+    found = guest_runtimes()
     scratch = os.path.join(cache_root, f"deb-{os.getpid()}-{unique('b')}")
     os.makedirs(scratch)
     try:
         deb = build_deb(scratch)
         key = _key(
-            root.key, _runtimes_key(), deb_key(deb), AGENT_UNIT, DISK_SCRIPT, ",".join(MASKED),
+            root.key, _runtimes_key(found), deb_key(deb), AGENT_UNIT, DISK_SCRIPT, ",".join(MASKED),
             str(sd.STOP_TIMEOUT_S), DISK_SIZE,
         )  # fmt: skip
         target = os.path.join(cache_root, f"disk-{key}")
@@ -297,34 +327,13 @@ def ensure_disk(cache_root: str = CACHE_ROOT) -> Disk:
         if os.path.exists(stamp):
             with open(stamp) as f:
                 recorded = float(json.load(f)["build_s"])
-            return _disk(target, key, None, recorded, root, rt_dir is not None)
+            return _disk(target, key, None, recorded, root, found)
         partial = f"{target}.partial-{os.getpid()}"
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
         started = time.monotonic()
-        with open(os.path.join(scratch, "rg-agent.service"), "w") as f:
-            f.write(AGENT_UNIT)
-        env = dict(os.environ, MASKED=" ".join(MASKED), STOP=f"{int(sd.STOP_TIMEOUT_S)}s")
-        argv = [
-            UNSHARE, "-m", "--propagation", "private", "sh", "-c", DISK_SCRIPT, "disk",
-            root.path, scratch, deb, rt_dir or "/nonexistent", os.path.join(partial, "disk.img"), DISK_SIZE,
-        ]  # fmt: skip
-        log = os.path.join(partial, "build.log")
         try:
-            with open(log, "ab") as f:
-                result = subprocess.run(
-                    argv, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=900, check=False
-                )
-            if result.returncode != 0:
-                with open(log, errors="replace") as f:
-                    raise RuntimeError(f"building the VM disk failed:\n{f.read()[-3000:]}")
-            kernel = os.path.realpath(os.path.join(root.path, "vmlinuz"))
-            initrd = os.path.realpath(os.path.join(root.path, "initrd.img"))
-            # The symlinks are absolute inside the root.
-            kernel = kernel if kernel.startswith(root.path) else root.path + kernel
-            initrd = initrd if initrd.startswith(root.path) else root.path + initrd
-            shutil.copy2(kernel, os.path.join(partial, "vmlinuz"))
-            shutil.copy2(initrd, os.path.join(partial, "initrd.img"))
+            _build_disk(partial, root, scratch, deb, found)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
@@ -336,12 +345,41 @@ def ensure_disk(cache_root: str = CACHE_ROOT) -> Disk:
         except OSError:
             shutil.rmtree(partial, ignore_errors=True)
         _prune(cache_root, keep=target)
-        return _disk(target, key, build_s, build_s, root, rt_dir is not None)
+        return _disk(target, key, build_s, build_s, root, found)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _disk(target: str, key: str, build_s: float | None, recorded: float, root: Root, rt: bool) -> Disk:
+def _build_disk(
+    partial: str, root: Root, scratch: str, deb: str, found: GuestRuntimes | None
+) -> None:
+    """DISK_SCRIPT into ``partial/disk.img``, and the root's kernel and initrd beside it."""
+    with open(os.path.join(scratch, "rg-agent.service"), "w") as f:
+        f.write(AGENT_UNIT)
+    with open(os.path.join(scratch, "runtimes.json"), "w") as f:
+        json.dump(found or {}, f)
+    stop = f"{int(sd.STOP_TIMEOUT_S)}s"
+    env = dict(os.environ, MASKED=" ".join(MASKED), STOP=stop, MANIFEST=RUNTIMES_MANIFEST)
+    trees = [r["tree"] for r in (found or {}).values()]
+    argv = [
+        UNSHARE, "-m", "--propagation", "private", "sh", "-c", DISK_SCRIPT, "disk",
+        root.path, scratch, deb, os.path.join(partial, "disk.img"), DISK_SIZE, *trees,
+    ]  # fmt: skip
+    log = os.path.join(partial, "build.log")
+    with open(log, "ab") as f:
+        result = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=900, check=False)
+    if result.returncode != 0:
+        with open(log, errors="replace") as f:
+            raise RuntimeError(f"building the VM disk failed:\n{f.read()[-3000:]}")
+    for name in ("vmlinuz", "initrd.img"):
+        path = os.path.realpath(os.path.join(root.path, name))
+        # The symlinks are absolute inside the root.
+        shutil.copy2(path if path.startswith(root.path) else root.path + path, os.path.join(partial, name))
+
+
+def _disk(
+    target: str, key: str, build_s: float | None, recorded: float, root: Root, rt: GuestRuntimes | None
+) -> Disk:
     return Disk(
         os.path.join(target, "disk.img"), os.path.join(target, "vmlinuz"), os.path.join(target, "initrd.img"),
         key, build_s, recorded, root, rt,
@@ -539,9 +577,21 @@ def _qemu_argv(disk: Disk, workdir: str, layout: str, smp: int, memory_mb: int) 
 
 
 def prepare_share(workdir: str) -> str:
-    """The 9p share: the guest scripts and the CRI images (built here: no network in the guest)."""
+    """The 9p share: the guest scripts, the CRI client and its api.proto, and the CRI images
+    (built here: no network in the guest)."""
     share = os.path.join(workdir, "share")
     shutil.copytree(GUEST_SRC, os.path.join(share, "guest"), ignore=shutil.ignore_patterns("__pycache__"))
+    # labkit.cri_client alone (with labkit's docstring-only __init__): the guest runs it on
+    # Debian 12's grpc and protobuf, with stubs it compiles itself (setup.py).
+    client = os.path.join(share, "py", "labkit")
+    os.makedirs(client)
+    for name in ("__init__.py", "cri_client.py"):
+        if os.path.exists(os.path.join(HERE, name)):
+            shutil.copy2(os.path.join(HERE, name), client)
+    proto = runtimes.find(runtimes.CRI_API_PROTO)
+    if proto is not None:
+        os.makedirs(os.path.join(share, "cri"))
+        shutil.copy2(proto, os.path.join(share, "cri", "api.proto"))
     image_dir = os.path.join(share, "images")
     os.makedirs(image_dir)
     images.pause_image(image_dir)
