@@ -1,7 +1,7 @@
-"""containerd's dead-shim path with runc 1.3.4 leaves runc's state behind; the sweep re-drives it.
+"""containerd's dead-shim path with runc 1.3 leaves runc's state behind; the sweep re-drives it.
 
 containerd (Debian's 1.6, private instance) runs the task through stock runc
-1.3.4. Two children are held SIGKILLed in a frozen freezer, init and the shim
+1.3 (Debian sid). Two children are held SIGKILLed in a frozen freezer, init and the shim
 are killed: containerd's dead-shim cleanup runs ``runc delete --force``, which
 fails on the busy cgroups and keeps its state (runc >= 1.2), logs a warning
 and deletes the bundle anyway. Nobody re-runs that delete. After the held
@@ -82,8 +82,8 @@ def sweep(lab: cl.Containerd, ns: str, runc: str, tmp: str, *args: str) -> dict[
 
 
 def test_dead_shim_runc_134_state_is_redriven(ctd: cl.Containerd, tmp_path: object) -> None:
-    """Stock: runc 1.3.4's state and dirs stay after the dead-shim cleanup; the sweep leaves 0 of both."""
-    runc = runtimes.require(runtimes.RUNC_134)
+    """Stock: runc 1.3's state and dirs stay after the dead-shim cleanup; the sweep leaves 0 of both."""
+    runc = runtimes.require(runtimes.RUNC_13)
     with cl.namespace(ctd) as ns:
         # A 64-hex id like containerd's CRI makes, so the sweep's walk of /<ns> sees the container.
         task = cl.Task(ctd, ns, uuid.uuid4().hex + uuid.uuid4().hex, runc)
@@ -121,7 +121,7 @@ def test_dead_shim_runc_134_state_is_redriven(ctd: cl.Containerd, tmp_path: obje
             hold.destroy()
         ctd.ctr(ns, "container", "rm", task.id, check=False)
         dirs_before = len(task.cgroup_dirs())
-        assert dirs_before > 0 and os.path.isdir(state_dir), "runc 1.3.4 did not keep its state"
+        assert dirs_before > 0 and os.path.isdir(state_dir), "runc 1.3 did not keep its state"
         assert any(
             "failed to remove runc container" in line or "cleaning up" in line
             for line in ctd.log_lines_for(task.id)
@@ -145,7 +145,7 @@ def test_dead_shim_runc_134_state_is_redriven(ctd: cl.Containerd, tmp_path: obje
         assert (rerun["exit_code"], rerun["state_left"]) == (0, False)
         assert task.cgroup_dirs() == [] and not os.path.exists(state_dir)
         print(
-            f"\ncontainerd 1.6 + runc 1.3.4 dead shim ({ctd.layout}): left {dirs_before} dirs + runc state; "
+            f"\ncontainerd 1.6 + runc 1.3 dead shim ({ctd.layout}): left {dirs_before} dirs + runc state; "
             f"stock sweep kept them; runc-guardctl sweep: 0 dirs, 0 state (runc delete {rerun['seconds']}s, "
             f"sweep {report['duration']}s)"
         )

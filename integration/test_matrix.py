@@ -1,4 +1,4 @@
-"""The runtime matrix on the real kernel: runc 1.1.5 / 1.3.4 / 1.5.1 x containerd 1.6.20 / 2.2.2.
+"""The runtime matrix on the real kernel: runc 1.1.5 / 1.3 x containerd 1.6.20 / 1.7 / 2.1.
 
 Per cell, through ``ctr`` and a private containerd whose runc-guard fronts that
 runc (``RUNC_GUARD_RUNTIME``), with the same runc as the stock control:
@@ -15,9 +15,9 @@ runc (``RUNC_GUARD_RUNTIME``), with the same runc as the stock control:
 * Deadline then retry: children hang past the deadline, the delete fails with
   runc-guard's reason and keeps its record; containerd's retry finishes it.
 
-containerd 2.2.2 and runc 1.3.4/1.5.1 come from ``RUNC_GUARD_TEST_RUNTIMES``
-(labkit/runtimes.py); a cell whose binaries are absent fails under CI and is
-skipped elsewhere, naming the setting (labkit.prereq).
+containerd 1.7 (trixie), containerd 2.1 and runc 1.3 (sid) come from Debian's
+archive (labkit/runtimes.py); a cell whose package cannot be had fails under CI
+and is skipped elsewhere, naming the package (labkit.prereq).
 """
 
 from __future__ import annotations
@@ -40,13 +40,13 @@ pytestmark = pytest.mark.kernel
 
 #: (containerd build, runc version, cgroup layout)
 CELLS = [
-    (cl.CONTAINERD_16, cl.RUNC_1_1_5, cl.HYBRID),
-    (cl.CONTAINERD_16, cl.RUNC_1_3_4, cl.HYBRID),
-    (cl.CONTAINERD_16, cl.RUNC_1_5_1, cl.HYBRID),
-    (cl.CONTAINERD_22, cl.RUNC_1_1_5, cl.HYBRID),
-    (cl.CONTAINERD_22, cl.RUNC_1_3_4, cl.HYBRID),
-    (cl.CONTAINERD_22, cl.RUNC_1_5_1, cl.HYBRID),
-    (cl.CONTAINERD_22, cl.RUNC_1_3_4, cl.UNIFIED),
+    (cl.CONTAINERD_16, cl.RUNC_1_1, cl.HYBRID),
+    (cl.CONTAINERD_16, cl.RUNC_1_3, cl.HYBRID),
+    (cl.CONTAINERD_17, cl.RUNC_1_1, cl.HYBRID),
+    (cl.CONTAINERD_17, cl.RUNC_1_3, cl.HYBRID),
+    (cl.CONTAINERD_21, cl.RUNC_1_1, cl.HYBRID),
+    (cl.CONTAINERD_21, cl.RUNC_1_3, cl.HYBRID),
+    (cl.CONTAINERD_21, cl.RUNC_1_3, cl.UNIFIED),
 ]
 #: The own-PID-namespace cell runs on the hybrid cells only. What it proves, runc-guard's
 #: deadline before containerd's kill and the sweep's re-drive of the orphaned state, does

@@ -1,7 +1,7 @@
 """The finisher on the real kernel: a delete cut short by its deadline is completed after the reply.
 
 The second case is a delete that stepped aside at start-up overload (every slot
-taken): runc 1.3.4 ran alone, failed on the busy cgroup and kept its state (the
+taken): runc 1.3 ran alone, failed on the busy cgroup and kept its state (the
 control); once containerd's bundle is gone and the children died, the finisher
 re-runs runc's delete and removes the rest.
 
@@ -78,11 +78,11 @@ def test_a_cut_short_delete_is_finished_after_the_reply(shim_binary: str, workdi
 
 
 def test_what_an_overloaded_delete_left_to_the_runtime_is_finished(shim_binary: str, workdir: str) -> None:
-    """Every slot taken: runc-guard steps aside and runc 1.3.4 alone fails on the busy cgroup (exit 1,
+    """Every slot taken: runc-guard steps aside and runc 1.3 alone fails on the busy cgroup (exit 1,
     state and dirs kept: the control is the runtime's own result). Nothing is done while containerd's
     bundle exists; once it is gone and the children died, the finisher re-runs runc's delete: 0 dirs,
     no state, no aside record, one finished_late entry (left_by overload)."""
-    runc = runtimes.require(runtimes.RUNC_134)
+    runc = runtimes.require(runtimes.RUNC_13)
     with container_with_hold(workdir, children=3, held=2, runc=runc) as (ctr, hold):
         os.kill(ctr.init_pid(), signal.SIGKILL)
         env = guard_env(workdir, RUNC_GUARD_RUNTIME=runc, RUNC_GUARD_FINISH_WINDOW="40")
@@ -107,7 +107,7 @@ def test_what_an_overloaded_delete_left_to_the_runtime_is_finished(shim_binary: 
         late = [e for e in reported_events(workdir) if e.get("container_id") == ctr.id
                 and e.get("outcome") == "finished_late"]
         assert [(e["left_by"], e["runtime_runs"]) for e in late] == [("overload", 1)], late
-        print(f"finisher after overload: runc 1.3.4 alone exit 1, state kept; finished "
+        print(f"finisher after overload: runc 1.3 alone exit 1, state kept; finished "
               f"{late[0]['since_record_ms']} ms after the aside record, removed {late[0]['removed']}")
 
 

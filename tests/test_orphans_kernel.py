@@ -1,4 +1,4 @@
-"""Orphaned runc 1.3.4 state on the real kernel: the sweep re-drives runc's own delete.
+"""Orphaned runc 1.3 state on the real kernel: the sweep re-drives runc's own delete.
 
 Path B as the incident had it, with runc >= 1.2: the container's init is
 killed (the shim died with it), two host-PID children sit SIGKILLed in a
@@ -47,7 +47,7 @@ CTL = os.path.join(os.path.dirname(sys.executable), "runc-guardctl")
 
 @dataclass
 class Orphan:
-    """A runc 1.3.4 container left as Path B leaves it: init dead, state kept, cgroups behind."""
+    """A runc 1.3 container left as Path B leaves it: init dead, state kept, cgroups behind."""
 
     runc: str
     root: str
@@ -86,8 +86,8 @@ class Orphan:
 
 
 def start_container(tmp_path: Path, root: str) -> tuple[Orphan, int]:
-    """A detached host-PID runc 1.3.4 container (init + 3 sleepers) below a unique kubepods-like parent."""
-    runc = runtimes.require(runtimes.RUNC_134)
+    """A detached host-PID runc 1.3 container (init + 3 sleepers) below a unique kubepods-like parent."""
+    runc = runtimes.require(runtimes.RUNC_13)
     cid = uuid.uuid4().hex + uuid.uuid4().hex  # a 64-hex id, as containerd makes them
     parent = f"rgorphan-{uuid.uuid4().hex[:12]}"
     relative = f"/{parent}/kubepods/burstable/pod3f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b/{cid}"
@@ -117,7 +117,7 @@ def start_container(tmp_path: Path, root: str) -> tuple[Orphan, int]:
 def path_b_orphan(
     tmp_path: Path, root: str
 ) -> Iterator[tuple[Orphan, FreezerHold, subprocess.CompletedProcess[str]]]:
-    """Start a host-PID runc 1.3.4 container, hold 2 children frozen, kill init, run runc's delete."""
+    """Start a host-PID runc 1.3 container, hold 2 children frozen, kill init, run runc's delete."""
     prereq.require(os.path.isdir(FREEZER), f"the cgroup v1 freezer at {FREEZER} (the slow-death hold)")
     orphan, init = start_container(tmp_path, root)
     hold = FreezerHold.create()
@@ -134,7 +134,7 @@ def path_b_orphan(
             timeout=60,
         )
         print(
-            f"\nrunc 1.3.4 delete --force: exit {delete.returncode} after {time.monotonic() - started:.2f}s, "
+            f"\nrunc 1.3 delete --force: exit {delete.returncode} after {time.monotonic() - started:.2f}s, "
             f"{len(orphan.dirs())} dirs left: {delete.stderr.strip()[-300:]}"
         )
         yield orphan, hold, delete
@@ -164,7 +164,7 @@ def ctl(tmp_path: Path, orphan: Orphan, command: str, *args: str) -> subprocess.
 
 @pytest.mark.parametrize("layout", ["containerd", "flat"])
 def test_sweep_redrives_orphaned_runc_134_state(tmp_path: Path, layout: str) -> None:
-    """runc 1.3.4 keeps its state after a busy delete; stock sweep keeps it, ours leaves 0 dirs, 0 state."""
+    """runc 1.3 keeps its state after a busy delete; stock sweep keeps it, ours leaves 0 dirs, 0 state."""
     root = str(tmp_path / "runc" / "k8s.io") if layout == "containerd" else str(tmp_path / "flat")
     with path_b_orphan(tmp_path, root) as (orphan, hold, delete):
         assert delete.returncode == 1, delete.stderr
@@ -209,7 +209,7 @@ def test_sweep_redrives_orphaned_runc_134_state(tmp_path: Path, layout: str) -> 
 def test_sweep_redrives_state_whose_host_pid_children_live_on(tmp_path: Path) -> None:
     """CRI's dead-shim path never deletes a pod's containers: init dead, host-PID children alive.
 
-    The stock sweep keeps it (populated); ours re-runs runc 1.3.4's delete, which
+    The stock sweep keeps it (populated); ours re-runs runc 1.3's delete, which
     kills the children as runc kills a host-PID container's processes: 0 dirs,
     0 state, no process left. runc-guard itself signals nothing.
     """
