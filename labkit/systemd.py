@@ -26,10 +26,11 @@ containerd runs inside as Debian's own ``containerd.service`` with
 ``SystemdCgroup = true`` (the CRI runtime option; ``ctr`` passes the same
 choice per task with ``--runc-systemd-cgroup``); journald runs inside too.
 runc-guard runs from the checkout, bound read-only at ``/opt/runc-guard``,
-under the machine's own python3. runc 1.3.4 (labkit.runtimes) is bound
-in at ``/opt/rg/runtimes``, with the containerd 2.2.2 beside it:
-``booted_machine(..., containerd=CONTAINERD_22)`` runs that one instead of
-Debian's 1.6.20 (:func:`machine_containerd`: the same unit, a ``version = 3``
+under the machine's own python3. The runtimes fetched from Debian's archive
+(``labkit.runtimes``: sid's runc 1.3 and containerd 2.1) are bound in read-only
+at the same path they have on the host (their relinked programs name their own
+loader by that path): ``booted_machine(..., containerd=CONTAINERD_21)`` runs that
+containerd instead of Debian 12's 1.6.20 (:func:`machine_containerd`: the same unit, a ``version = 3``
 config, a drop-in that puts its directory first on PATH so it starts its own
 shim), the way a node upgraded in place runs it.
 
@@ -82,12 +83,12 @@ UNITS = os.path.join(HERE, "units")
 #: Where things appear inside the machine.
 GUARD_SRC = "/opt/runc-guard"
 GUARD_BIN = "/opt/rg/bin"
-RUNTIMES_DIR = "/opt/rg/runtimes"
+#: The archive's runtimes, bound at the host's own path (labkit.runtimes.CACHE_ROOT).
+RUNTIMES_DIR = runtimes.CACHE_ROOT
 STOCK_RUNC = "/usr/sbin/runc"
-RUNC_134 = f"{RUNTIMES_DIR}/runc-1.3.4"
 GUARD = f"{GUARD_BIN}/runc-guard"
-#: runc-guard under this name fronts runc 1.3.4 (``[runtimes]`` in its settings file).
-GUARD_134 = f"{GUARD_BIN}/runc-guard-134"
+#: runc-guard under this name fronts sid's runc 1.3 (``[runtimes]`` in its settings file).
+GUARD_13 = f"{GUARD_BIN}/runc-guard-13"
 MACHINE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: containerd's dead-shim cleanup budget (io.containerd.timeout.shim.cleanup; 1.6 and 2.x alike).
 SHIM_CLEANUP_BUDGET_S = 5.0
@@ -280,7 +281,7 @@ DEBIAN_CTR = "/usr/bin/ctr"
 class MachineContainerd:
     """The containerd the machine's ``containerd.service`` runs; paths as the machine sees them."""
 
-    #: labkit.containerd's build name (CONTAINERD_16: Debian's own, CONTAINERD_22: the runtimes').
+    #: labkit.containerd's build name (CONTAINERD_16: Debian 12's own, CONTAINERD_21: sid's).
     build: str
     ctr: str
     #: The config's text (bound at CONTAINERD_CONFIG).
@@ -289,17 +290,11 @@ class MachineContainerd:
     drop_in: str | None = None
 
 
-def _runtimes_bind_source() -> str | None:
-    """The host directory bound at RUNTIMES_DIR: the one holding runc 1.3.4 (and containerd 2.2.2)."""
-    runc = runtimes.find(runtimes.RUNC_134)
-    return os.path.dirname(runc) if runc is not None else None
-
-
 def machine_containerd(name: str = cl.CONTAINERD_16) -> MachineContainerd:
     """containerd ``name`` for the machine, configured the kubeadm way (``SystemdCgroup = true``).
 
-    Debian's 1.6.20 is in the root and runs as packaged. Another build (2.2.2) is a
-    file of the runtimes directory, which the machine sees at RUNTIMES_DIR; Debian's
+    Debian 12's 1.6.20 is in the root and runs as packaged. Another build (sid's 2.1) is
+    a tree of labkit.runtimes, which the machine sees at the same path; Debian's
     unit runs it through a drop-in, as an in-place upgrade does (labkit/vm_guest/setup.py):
     its directory first on PATH (containerd looks its shim up there: else it would find
     Debian's 1.6 shim in /usr/bin) and ``ExecStart`` replaced, with a ``version = 3``
@@ -308,23 +303,19 @@ def machine_containerd(name: str = cl.CONTAINERD_16) -> MachineContainerd:
     """
     if name == cl.CONTAINERD_16:
         return MachineContainerd(name, DEBIAN_CTR, _containerd_config(cl.DEBIAN_BUILD.config_version))
-    build, bound = cl.find_build(name), _runtimes_bind_source()
-    if build is None or build.bin_dir is None or bound is None:
-        raise LookupError(f"containerd build {name} is not in the runtimes directory (set {runtimes.ENV})")
-
-    def inside(path: str) -> str:
-        relative = os.path.relpath(path, bound)
-        if relative.startswith(".."):
-            raise LookupError(f"{path} is not below {bound}, which the machine sees at {RUNTIMES_DIR}")
-        return os.path.normpath(os.path.join(RUNTIMES_DIR, relative))
-
+    build = cl.find_build(name)
+    if build is None or build.bin_dir is None:
+        raise LookupError(f"containerd build {name} could not be had from Debian's archive (labkit.runtimes)")
+    for path in (build.containerd, build.ctr):
+        if not path.startswith(RUNTIMES_DIR + "/"):
+            raise LookupError(f"{path} is not below {RUNTIMES_DIR}, which the machine sees at the same path")
     drop_in = (
         "[Service]\n"
-        f"Environment=PATH={inside(build.bin_dir)}:{MACHINE_PATH}\n"
+        f"Environment=PATH={build.bin_dir}:{MACHINE_PATH}\n"
         "ExecStart=\n"
-        f"ExecStart={inside(build.containerd)} --config {CONTAINERD_CONFIG}\n"
+        f"ExecStart={build.containerd} --config {CONTAINERD_CONFIG}\n"
     )
-    return MachineContainerd(name, inside(build.ctr), _containerd_config(build.config_version), drop_in)
+    return MachineContainerd(name, build.ctr, _containerd_config(build.config_version), drop_in)
 
 
 def _containerd_config(version: int) -> str:
@@ -367,10 +358,10 @@ def _prepare_binds(workdir: str, containerd: MachineContainerd) -> list[str]:
     subprocess.run([os.path.join(CHECKOUT, "launcher", "build.sh"), os.path.join(bindir, "runc-guard")],
                    check=True, timeout=120)
     _write(os.path.join(bindir, "runc-guardctl"), CTL_LAUNCHER, 0o755)
-    os.symlink("runc-guard", os.path.join(bindir, "runc-guard-134"))
-    _write(
-        os.path.join(workdir, "runc-guard", "config.toml"), f'[runtimes]\n"runc-guard-134" = "{RUNC_134}"\n'
-    )
+    os.symlink("runc-guard", os.path.join(bindir, os.path.basename(GUARD_13)))
+    runc_13 = runtimes.find(runtimes.RUNC_13)
+    routes = f'[runtimes]\n"{os.path.basename(GUARD_13)}" = "{runc_13}"\n' if runc_13 else ""
+    _write(os.path.join(workdir, "runc-guard", "config.toml"), routes)
     binds = [
         f"{CHECKOUT}:{GUARD_SRC}",
         f"{bindir}:{GUARD_BIN}",
@@ -379,9 +370,8 @@ def _prepare_binds(workdir: str, containerd: MachineContainerd) -> list[str]:
         f"{workdir}/containerd/config.toml:{CONTAINERD_CONFIG}",
         f"{workdir}/runc-guard:/etc/runc-guard",
     ]
-    bound = _runtimes_bind_source()
-    if bound is not None:
-        binds.append(f"{bound}:{RUNTIMES_DIR}")
+    if os.path.isdir(RUNTIMES_DIR):
+        binds.append(f"{RUNTIMES_DIR}:{RUNTIMES_DIR}")
     return [f"--bind-ro={b}" for b in binds]
 
 
@@ -461,7 +451,7 @@ class Machine:
     def ctr(
         self, namespace: str, *args: str, check: bool = True, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
-        """The machine's containerd's own ``ctr`` (2.2.2's for 2.2.2)."""
+        """The machine's containerd's own ``ctr`` (2.1's for 2.1)."""
         return self.run(self.containerd.ctr, "-n", namespace, *args, check=check, timeout=timeout)
 
     def containerd_answers(self) -> bool:
