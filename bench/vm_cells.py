@@ -7,9 +7,10 @@ in ``--layout``, configure containerd 1.6.20 (``setup.py``), upgrade it in place
 to Debian sid's containerd 2.1 if asked (``--containerd 2.1``: ``setup.py
 containerd2``), run the teardown cell (``scenarios.py teardown``) for the
 handler pair of ``--runc`` (``stock`` / ``runc`` in front of Debian 12's runc
-1.1.5, ``stock-13`` / ``runc-13`` in front of sid's runc 1.3) and then ``runc-guardctl audit`` / ``sweep`` / ``metrics``
-(``scenarios.py node-tools``), then ``systemctl restart containerd`` (1.6 re-runs
-its dead-shim cleanup of the bundles it kept) and the tools again. Prints a
+1.1.5, ``stock-13`` / ``runc-13`` in front of sid's runc 1.3) and then
+``runc-guardctl audit`` / ``sweep`` / ``metrics`` (``scenarios.py node-tools``),
+then ``systemctl restart containerd`` (1.6 re-runs its dead-shim cleanup of the
+bundles it kept) and the tools again. Prints a
 docs/vm.md row per container (and the pod's sandbox) of each handler: cgroup
 dirs (every hierarchy), scope unit, runc state, bundle, pending records, after
 kubelet's removal, after the sweep and after the restart + sweep, and
