@@ -1,8 +1,8 @@
-"""``runc-guardctl configure containerd`` on containerd 2.2.2's own default config (version 3).
+"""``runc-guardctl configure containerd`` on containerd 2.1's own default config (version 3).
 
 containerd 2.x moved the CRI runtimes to ``plugins.'io.containerd.cri.v1.runtime'``;
-what counts is what containerd 2.2.2 itself makes of the file, so the check is its
-own ``config dump``. The binaries come from RUNC_GUARD_TEST_RUNTIMES.
+what counts is what containerd 2.1 (Debian sid's, fetched by labkit.runtimes) itself
+makes of the file, so the check is its own ``config dump``.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ def _runc_options(text: str) -> dict[str, Any]:
     return options
 
 
-def test_configure_round_trip_on_containerd_2_2(tmp_path: Any, shim_binary: str) -> None:
-    """On 2.2.2's `config default`: one BinaryName changes (seen by 2.2.2's `config dump`),
+def test_configure_round_trip_on_containerd_2_1(tmp_path: Any, shim_binary: str) -> None:
+    """On 2.1's `config default`: one BinaryName changes (seen by 2.1's `config dump`),
     SystemdCgroup stays as it was, a second run writes nothing, revert restores the bytes."""
-    containerd = runtimes.require(runtimes.CONTAINERD_2)
+    containerd = runtimes.require(runtimes.CONTAINERD_21)
     config = os.path.join(str(tmp_path), "config.toml")
     default = _containerd(containerd, "config", "default")
     with open(config, "w") as f:
