@@ -12,7 +12,8 @@ the peak memory of all runc-guard processes alive at once (sampled every 20 ms,
 resident set, shared file pages counted once). What the deadline leaves is then
 given to ``runc-guardctl sweep`` and counted again.
 
-Run as root: ``python -m bench.storm [--containers 200] [--containerd 2.2] [--runc 1.3.4]``.
+Run as root: ``python -m bench.storm [--containers 200] [--containerd 2.1] [--runc 1.3]``
+(containerd 1.7 / 2.1 and runc 1.3 come from Debian's archive, labkit.runtimes).
 """
 
 from __future__ import annotations
@@ -213,8 +214,9 @@ def _pct(values: list[int], q: float) -> str:
 def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--containers", type=int, default=200)
-    parser.add_argument("--containerd", choices=["1.6", "2.2", "2.3"], default="2.2")
-    parser.add_argument("--runc", choices=["1.1.5", "1.3.4", "1.5.1"], default="1.3.4")
+    parser.add_argument("--containerd", choices=[cl.CONTAINERD_16, cl.CONTAINERD_17, cl.CONTAINERD_21],
+                        default=cl.CONTAINERD_21)
+    parser.add_argument("--runc", choices=[cl.RUNC_1_1, cl.RUNC_1_3], default=cl.RUNC_1_3)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--finish-window", default=None, metavar="SECONDS",
                         help="runc-guard's finish_window (default: as shipped; 0: no finisher)")
@@ -232,7 +234,7 @@ def main() -> int:
     build = cl.find_build(args.containerd)
     runc = cl.runc_binary(args.runc)
     if build is None or runc is None:
-        print(f"containerd {args.containerd} or runc {args.runc} not found: set RUNC_GUARD_TEST_RUNTIMES")
+        print(f"containerd {args.containerd} or runc {args.runc} could not be had from Debian's archive")
         return 2
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     rng = random.Random(seed)
