@@ -98,10 +98,13 @@ def test_deb_contents(deb: str, tmp_path: Any) -> None:
     unpacked = tmp_path / "unpacked"
     run(["dpkg-deb", "-x", deb, str(unpacked)])
     assert (unpacked / "usr/bin/runc-guard").read_bytes()[:4] == b"\x7fELF"
-    # Where it looks for the Python entry: its one line when it needs the entry and finds none here.
-    proc = subprocess.run([unpacked / "usr/bin/runc-guard", "state", "c1"], capture_output=True, text=True,
-                          env={"RUNC_GUARD_RUNTIME": "runc"}, check=False, timeout=30)
-    assert proc.returncode == 78
+    # Where it looks for the Python entry: its one line when it cannot exec it. Run inside the
+    # unpacked tree (chroot; the launcher is static), never against this host's own install:
+    # there the entry's interpreter, /usr/bin/python3, is absent, so the exec fails.
+    chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+    proc = subprocess.run([chroot, str(unpacked), "/usr/bin/runc-guard", "state", "c1"], capture_output=True,
+                          text=True, env={"RUNC_GUARD_RUNTIME": "runc"}, check=False, timeout=30)
+    assert proc.returncode == 78, proc.stderr
     assert "cannot exec the Python entry /usr/lib/runc-guard/runc-guard.py" in proc.stderr
     units = sorted(
         n for n in os.listdir(os.path.join(PACKAGING, "systemd"))

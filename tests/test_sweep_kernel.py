@@ -364,5 +364,8 @@ def test_sweep_reclaims_a_leaked_memcg_before_its_rmdir(trees: Trees, tmp_path: 
     assert before >= 1 << 20, "the control: the leftover keeps the file's pages charged"
     report = json.loads(sweep(trees, tmp_path, "--max-sys-percent", "100", "--format", "json"))
     assert not os.path.exists(leaked) and report["removed"] == 1
-    assert report["memcg_reclaimed_kb"] >= 900 and report["memcg_left"] == 0, report
+    # What the sweep decides: nothing left charged when it removed the memcg, and the pages gone
+    # from the pod. How much of the 1 MiB it reclaimed itself is not its call alone: a node-wide
+    # reclaimer (DAMON's kdamond pages cold cache out here) may have taken part of it first.
+    assert report["memcg_left"] == 0 and report["memcg_reclaimed_kb"] <= before >> 10, report
     assert charged() < before - (900 << 10), (before, charged())
