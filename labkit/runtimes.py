@@ -137,6 +137,7 @@ def _locked() -> Iterator[None]:
 
 
 def _run(argv: list[str], what: str, cwd: str | None = None, timeout: float = 600) -> str:
+    """stdout and stderr of ``argv``; Unavailable naming ``what`` when it cannot run or fails."""
     try:
         proc = subprocess.run(
             argv,
@@ -153,11 +154,25 @@ def _run(argv: list[str], what: str, cwd: str | None = None, timeout: float = 60
         raise Unavailable(
             f"{what}: {' '.join(argv[:2])} exited {proc.returncode}: {proc.stderr.strip()[-600:]}"
         )
-    return proc.stdout
+    return proc.stdout + proc.stderr
+
+
+#: A failed update, kept for the process: apt retries for seconds, and every package would ask again.
+_update_failed: list[Unavailable] = []
 
 
 def _update_lists() -> None:
     """Fetch the suites' package lists into the private apt directory, at most every LISTS_MAX_AGE_S."""
+    if _update_failed:
+        raise _update_failed[0]
+    try:
+        _fetch_lists()
+    except Unavailable as e:
+        _update_failed.append(e)
+        raise
+
+
+def _fetch_lists() -> None:
     apt = _apt_dir()
     stamp = os.path.join(apt, "updated")
     with contextlib.suppress(OSError):
@@ -169,7 +184,13 @@ def _update_lists() -> None:
         for suite in SUITES:
             f.write(f"deb [signed-by={KEYRING}] {MIRROR} {suite} main\n")
     open(os.path.join(apt, "status"), "a").close()
-    _run(["apt-get", *_apt_options(), "update"], "Debian's package lists (apt-get update)")
+    out = _run(["apt-get", *_apt_options(), "update"], "Debian's package lists (apt-get update)")
+    # apt-get update exits 0 when a mirror cannot be reached (it only warns): the lists decide.
+    lists = os.listdir(os.path.join(apt, "lists"))
+    for suite in SUITES:
+        if not any(f"_dists_{suite}_main_binary-amd64_Packages" in name for name in lists):
+            raise Unavailable(f"Debian's package lists (apt-get update): no {suite} list from {MIRROR}: "
+                              f"{out.strip()[-400:]}")  # fmt: skip
     with open(stamp, "w"):
         pass
 
