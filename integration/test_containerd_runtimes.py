@@ -5,13 +5,17 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 
 from labkit import containerd as cl
-from labkit import prereq
+from labkit import prereq, runtimes
 
 pytestmark = pytest.mark.kernel
+
+#: Path B teardown of the stock control on the v1 layout: 2 s leaks on crun 1.8.1 and 1.28 alike.
+CRUN_TEARDOWN = 2.0
 
 
 def test_wrapper_alone_leaks(guarded: cl.GuardedLab, ctd: cl.Containerd, ns: str) -> None:
@@ -67,21 +71,36 @@ def test_runc_guard_runtime_variable_puts_the_wrapper_behind_it(
             cl.remove_dirs(crash.left)
 
 
-@pytest.fixture(scope="module")
-def legacy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cl.GuardedLab]:
-    """containerd with only the v1 hierarchies: crun 1.8 refuses this host's hybrid layout
+#: crun versions: Debian 12's and sid's (labkit.runtimes). Both warn, delete their state and exit 0
+#: when a cgroup stays busy: the runc 1.1 failure mode.
+CRUNS = ["1.8.1", "1.28"]
+
+
+@pytest.fixture(scope="module", params=CRUNS, ids=lambda v: f"crun-{v}")
+def legacy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CrunLab]:
+    """containerd with only the v1 hierarchies: crun refuses this host's hybrid layout
     ("cgroups in hybrid mode not supported, drop all controllers from cgroupv2": the
-    v2 tree has hugetlb) and fails under pure v2 here (setrlimit RLIMIT_MEMLOCK: EPERM)."""
-    prereq.require(shutil.which("crun"), "crun (make deps installs it)")
-    with cl.guarded_containerd_in(tmp_path_factory, "rgctd-legacy", cl.LEGACY) as lab:
-        yield lab
+    v2 tree has hugetlb), and 1.8 fails under pure v2 here (setrlimit RLIMIT_MEMLOCK: EPERM)."""
+    if request.param == "1.8.1":
+        prereq.require(shutil.which("crun"), "crun (make deps installs it)")
+        crun = cl.CRUN
+    else:
+        crun = runtimes.require(runtimes.CRUN_128)
+    with cl.guarded_containerd_in(tmp_path_factory, "rgctd-legacy", cl.LEGACY, crun=crun) as lab:
+        yield CrunLab(lab, crun)
 
 
-def test_stock_crun_leaks(legacy: cl.GuardedLab) -> None:
-    """Control: crun retries rmdir briefly, then warns and exits 0; a 2 s teardown leaks."""
-    lab = legacy.containerd
+@dataclass
+class CrunLab:
+    lab: cl.GuardedLab
+    crun: str
+
+
+def test_stock_crun_leaks(legacy: CrunLab) -> None:
+    """Control: crun warns and exits 0 on a busy cgroup; a 2 s teardown leaks every hierarchy."""
+    lab = legacy.lab.containerd
     with cl.namespace(lab) as ns:
-        crash = cl.path_b_crash(lab, ns, cl.CRUN, delay=2.0)
+        crash = cl.path_b_crash(lab, ns, legacy.crun, delay=CRUN_TEARDOWN)
         try:
             assert crash.bundle_gone
             assert len(crash.left) >= 8, crash.left
@@ -89,15 +108,15 @@ def test_stock_crun_leaks(legacy: cl.GuardedLab) -> None:
             cl.remove_dirs(crash.left)
 
 
-def test_runc_guard_in_front_of_crun(legacy: cl.GuardedLab) -> None:
+def test_runc_guard_in_front_of_crun(legacy: CrunLab) -> None:
     """runc-guard -> crun, chosen by the [runtimes] alias: 0 directories left."""
-    lab = legacy.containerd
+    lab = legacy.lab.containerd
     with cl.namespace(lab) as ns:
-        crash = cl.path_b_crash(lab, ns, legacy.alias(cl.CRUN_ALIAS), delay=2.0)
+        crash = cl.path_b_crash(lab, ns, legacy.lab.alias(cl.CRUN_ALIAS), delay=2.0)
         try:
             assert crash.bundle_gone
             assert crash.left == []
-            stats = cl.delete_stats(legacy.settings, {crash.task_id})
+            stats = cl.delete_stats(legacy.lab.settings, {crash.task_id})
             assert [s["outcome"] for s in stats] == ["removed"]
         finally:
             cl.remove_dirs(crash.left)

@@ -848,14 +848,15 @@ class GuardedLab:
 @contextlib.contextmanager
 def guarded_containerd(
     workdir: str, layout: str = HYBRID, journal_socket: str | None = None,
-    build: Build | None = None, runc: str | None = None, **overrides: str
+    build: Build | None = None, runc: str | None = None, crun: str = CRUN, **overrides: str
 ) -> Iterator[GuardedLab]:
     """containerd whose environment carries runc-guard's settings (the shim inherits them).
 
     The settings file maps the aliases in ``<workdir>/bin`` to the stand-in
-    wrapper and to crun, so one containerd serves every front-end combination.
-    ``runc`` (a path) becomes ``RUNC_GUARD_RUNTIME``: the runtime runc-guard fronts
-    (the stand-in wrapper then execs it too); ``build`` picks the containerd.
+    wrapper and to ``crun`` (default Debian 12's), so one containerd serves every
+    front-end combination. ``runc`` (a path) becomes ``RUNC_GUARD_RUNTIME``: the
+    runtime runc-guard fronts (the stand-in wrapper then execs it too); ``build``
+    picks the containerd.
     """
     os.makedirs(os.path.join(workdir, "bin"), exist_ok=True)
     extra = dict(overrides)
@@ -867,7 +868,7 @@ def guarded_containerd(
     wrapper = write_wrapper(workdir, runc or STOCK_RUNC)
     with open(settings["RUNC_GUARD_CONFIG"], "w") as f:
         f.write(f"[runtimes]\n{WRAPPER_ALIAS} = {json.dumps(wrapper)}\n"
-                f"{CRUN_ALIAS} = {json.dumps(CRUN)}\n")
+                f"{CRUN_ALIAS} = {json.dumps(crun)}\n")
     for alias in (WRAPPER_ALIAS, CRUN_ALIAS):
         with contextlib.suppress(FileExistsError):
             os.symlink(guard_binary(), os.path.join(workdir, "bin", alias))
@@ -878,12 +879,12 @@ def guarded_containerd(
 @contextlib.contextmanager
 def guarded_containerd_in(
     factory: Any, name: str, layout: str = HYBRID, journal_socket: str | None = None,
-    build: Build | None = None, runc: str | None = None, **overrides: str
+    build: Build | None = None, runc: str | None = None, crun: str = CRUN, **overrides: str
 ) -> Iterator[GuardedLab]:
     """guarded_containerd in a fresh temp dir from pytest's ``tmp_path_factory``, removed afterwards."""
     workdir = str(factory.mktemp(name))
     try:
-        with guarded_containerd(workdir, layout, journal_socket, build, runc, **overrides) as lab:
+        with guarded_containerd(workdir, layout, journal_socket, build, runc, crun, **overrides) as lab:
             yield lab
     finally:
         wait_reported(os.path.join(workdir, "rg-cache"))
