@@ -169,15 +169,12 @@ static int false_spelling(const char *v)
 	return in_list(spellings, v, strlen(v));
 }
 
-/* Case-insensitive ASCII equality: Python's value.lower() maps no other character to these. */
-static int lower_is(const char *v, const char *want)
+/* strconv.ParseBool's true spellings (argv.py _TRUE): runc refuses "tRue", so must we. */
+static int true_spelling(const char *v)
 {
-	for (; *v && *want; v++, want++) {
-		char c = *v >= 'A' && *v <= 'Z' ? (char)(*v - 'A' + 'a') : *v;
-		if (c != *want)
-			return 0;
-	}
-	return *v == *want;
+	static const char *const spellings[] = {"1", "t", "T", "true", "TRUE", "True", NULL};
+
+	return in_list(spellings, v, strlen(v));
 }
 
 /*
@@ -233,9 +230,9 @@ static void parse_delete_args(char *const *args, struct invocation *inv)
 			continue;
 		}
 		if ((len == 5 && memcmp(name, "force", 5) == 0) || (len == 1 && name[0] == 'f')) {
-			if (value == NULL || lower_is(value, "true") || lower_is(value, "1") || lower_is(value, "t")) {
+			if (value == NULL || true_spelling(value)) {
 				inv->force = 1;
-			} else if (lower_is(value, "false") || lower_is(value, "0") || lower_is(value, "f")) {
+			} else if (false_spelling(value)) {
 				inv->force = 0;
 			} else {
 				inv->force = 0;
@@ -560,7 +557,7 @@ static int resolve_runtime(const char *runtime, const struct stat *self, char *o
 			n = snprintf(out, size, "%.*s%s%s", (int)dlen, dir, dir[dlen - 1] == '/' ? "" : "/", runtime);
 		if (n >= 0 && (size_t)n < size && usable(out, &st) &&
 		    !(st.st_dev == self->st_dev && st.st_ino == self->st_ino))
-			return 0;
+			return out[0] == '/' ? 0 : -1; /* relative: Go's ErrDot; the Python entry says so */
 		if (colon == NULL)
 			return -1;
 	}
@@ -729,6 +726,17 @@ static int runtime_variable(void)
 		if (strncmp(*e, "RUNC_GUARD_RUNTIME=", 19) == 0 || strncmp(*e, "RUNC_GUARD_RUNTIMES=", 20) == 0)
 			return 1;
 	return 0;
+}
+
+/* Case-insensitive ASCII equality: Python's value.lower() maps no other character to these. */
+static int lower_is(const char *v, const char *want)
+{
+	for (; *v && *want; v++, want++) {
+		char c = *v >= 'A' && *v <= 'Z' ? (char)(*v - 'A' + 'a') : *v;
+		if (c != *want)
+			return 0;
+	}
+	return *v == *want;
 }
 
 /*

@@ -62,6 +62,9 @@ def test_parse_table(
         ["delete", "x" * 300],
         ["delete", "caf\u00e9"],
         ["delete", "--force=maybe", "c1"],
+        # strconv.ParseBool takes 1 t T TRUE true True (and their false twins) only: runc refuses these.
+        ["delete", "--force=tRue", "c1"],
+        ["delete", "-f=fAlse", "c1"],
     ],
 )
 def test_not_interposed(argv: list[str]) -> None:

@@ -64,14 +64,16 @@ class Node:
             **extra,
         }
 
-    def call(self, args: list[str], binary: str | None = None, **extra: str) -> tuple[int, list[str], str]:
+    def call(
+        self, args: list[str], binary: str | None = None, cwd: str | None = None, **extra: str
+    ) -> tuple[int, list[str], str]:
         """(exit status, the programs exec'd in the called process after the first, stderr)."""
         assert STRACE, "strace is an apt dependency of the tests (make deps)"
         log = os.path.join(self.tmp, "strace.log")
         proc = subprocess.run(
             [STRACE, "-qq", "-e", "trace=execve", "-e", "signal=none", "-o", log,
              binary or self.launcher, *args],
-            env=self.env(**extra), capture_output=True, text=True, timeout=60, check=False,
+            env=self.env(**extra), capture_output=True, text=True, timeout=60, check=False, cwd=cwd,
         )
         with open(log) as f:
             execs = [line.split('"')[1] for line in f if "execve(" in line and "= 0" in line]
@@ -120,6 +122,19 @@ def test_no_settings_file_routes_the_defaults(node: Node) -> None:
     os.symlink(node.runtime("a"), os.path.join(bindir, "runc"))
     status, execs, _ = node.call(["state", "c1"], PATH=bindir)
     assert (status, execs, node.traced()) == (0, ["runc"], "runc")
+
+
+@pytest.mark.parametrize("entry", ["", ".", "bin"], ids=["empty", "dot", "relative"])
+def test_a_relative_path_entry_never_finds_the_runtime(node: Node, entry: str) -> None:
+    """PATH=<relative>:/usr/bin with a `runc` below the working directory (the bundle): Go's
+    exec.LookPath refuses such a match since 1.19 (ErrDot); so do the launcher and the Python
+    entry (exit 69, naming it), and the `runc` found there never runs."""
+    bundle = os.path.join(node.tmp, "bundle")
+    os.makedirs(os.path.join(bundle, "bin"))
+    shutil.copy2(node.runtime("a"), os.path.join(bundle, entry or ".", "runc"))
+    status, execs, stderr = node.call(["state", "c1"], cwd=bundle, PATH=f"{entry}:/usr/bin")
+    assert (status, execs) == (69, ["runc-guard.py"]), stderr
+    assert "relative PATH entry" in stderr and node.traced() is None, stderr
 
 
 def _chown(path: str) -> None:

@@ -52,7 +52,8 @@ WORDS = [
     "--root", "-root", "--root=/x", "--root=", "-root=/y", "--log", "--log=delete", "-log-format", "json",
     "--criu", "--rootless=auto", "--debug", "-debug=false", "--systemd-cgroup=0", "--help", "-h", "-h=false",
     "--version", "-v", "--version=FALSE", "-v=maybe", "--unknown", "-x=1", "delete", "state", "--force",
-    "-f", "--force=false", "--force=TRUE", "--force=t", "-force=0", "--force=maybe", "-f=F", "--", "-",
+    "-f", "--force=false", "--force=TRUE", "--force=t", "-force=0", "--force=maybe", "-f=F", "--force=tRue",
+    "--force=True", "-f=fAlse", "--force=FALSE", "--", "-",
     "---x", "-=x", "--=x", "", ".", "..", "c1", "../c1", "a b", "a" * 255, "a" * 256, "c+,-.9_Z", "caf\u00e9",
 ]
 

@@ -27,6 +27,8 @@ BOOL_FLAGS = frozenset({"debug", "systemd-cgroup", "help", "h", "version", "v"})
 HELP_VERSION_FLAGS = ("help", "h", "version", "v")
 #: strconv.ParseBool's false spellings; anything else set on those flags is not "off".
 _FALSE = frozenset({"0", "f", "F", "false", "FALSE", "False"})
+#: strconv.ParseBool's true spellings: runc refuses ``--force=tRue``, so it is no delete of ours.
+_TRUE = frozenset({"1", "t", "T", "true", "TRUE", "True"})
 
 #: runc's default state root when ``--root`` is absent (runc 1.1 main.go, as root).
 DEFAULT_ROOT = "/run/runc"
@@ -202,9 +204,9 @@ def _parse_delete_args(args: Sequence[str]) -> tuple[str | None, bool]:
             continue
         name, value = split
         if name in ("force", "f"):
-            if value is None or value.lower() in ("true", "1", "t"):
+            if value is None or value in _TRUE:
                 force = True
-            elif value.lower() in ("false", "0", "f"):
+            elif value in _FALSE:
                 force = False
             else:
                 return None, False

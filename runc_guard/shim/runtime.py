@@ -54,9 +54,12 @@ def installed_shim() -> str:
 def resolve_runtime(name: str, self_path: str, environ: Mapping[str, str]) -> str:
     """Absolute path of runtime ``name``; never runc-guard itself.
 
-    A name without ``/`` is looked up on PATH like execvp would, skipping any entry
-    that is runc-guard itself (an install that shadows ``runc`` on PATH must still
-    reach the real one). An explicit path that is runc-guard is a loop: refused.
+    A name without ``/`` is looked up on PATH like Go's ``exec.LookPath`` (containerd's
+    own lookup), skipping any entry that is runc-guard itself (an install that shadows
+    ``runc`` on PATH must still reach the real one). A match through an empty or
+    relative entry resolves against the caller's working directory (the bundle):
+    refused, as Go refuses it since 1.19 (``ErrDot``). An explicit path that is
+    runc-guard is a loop: refused.
     """
     me = _identity(self_path)
     if "/" in name:
@@ -70,6 +73,10 @@ def resolve_runtime(name: str, self_path: str, environ: Mapping[str, str]) -> st
         candidate = os.path.join(directory or ".", name)
         if not _usable(candidate):
             continue
+        if not os.path.isabs(candidate):
+            raise RuntimeNotFound(
+                f"runtime {name!r} would be {candidate!r}, through a relative PATH entry: refused (Go's ErrDot)"
+            )
         if me is not None and _identity(candidate) == me:
             looped = True
             continue
