@@ -75,7 +75,8 @@ def resolve_runtime(name: str, self_path: str, environ: Mapping[str, str]) -> st
             continue
         if not os.path.isabs(candidate):
             raise RuntimeNotFound(
-                f"runtime {name!r} would be {candidate!r}, through a relative PATH entry: refused (Go's ErrDot)"
+                f"runtime {name!r} would be {candidate!r}, through a relative PATH entry: "
+                "refused (Go's ErrDot)"
             )
         if me is not None and _identity(candidate) == me:
             looped = True
