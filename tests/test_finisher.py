@@ -116,6 +116,18 @@ def test_a_shim_naming_the_container_owns_it(lab: Lab, shim_args: list[str], fin
     assert run(lab.settings, 1.0, _finisher(lab, proc), quiet=0).finished == finished
 
 
+def test_a_process_in_a_child_cgroup_keeps_the_record_waiting(lab: Lab) -> None:
+    """Issue 42 case 2: a process anywhere below the recorded cgroups (a child cgroup: Docker-in-Docker,
+    kind, systemd inside) keeps them busy: the finisher waits on it and runs no runtime. Before: it
+    looked at the recorded directories' own cgroup.procs only, re-ran the runtime and failed its rmdir."""
+    dirs, record = _cut_short(lab, "c1")
+    lab.fs.add(dirs[0] + "/sub", [4242])
+    finisher = run(lab.settings, 5.0, _finisher(lab), quiet=0)
+    assert finisher.finished == [] and lab.runs() == [] and lab.fs.killed == []
+    assert os.path.exists(record) and lab.fs.exists(dirs[0] + "/sub")
+    assert any(dirs[0] + "/sub" in paths for paths, _, _ in lab.fs.waits), "it waits on the child's cgroup"
+
+
 def test_a_delete_holding_the_claim_keeps_it(lab: Lab) -> None:
     """Another delete of the same id (containerd's retry) holds its claim: the finisher steps back."""
     _, record = _cut_short(lab, "c1")

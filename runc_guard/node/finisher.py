@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from runc_guard.atomic import json_records
 from runc_guard.delete.aside import OVERLOAD, SIBLING, iter_aside
 from runc_guard.delete.cgroupfs import CgroupFsOps, RealCgroupFs, cgroup_mounts
-from runc_guard.delete.cleanup import CgroupBusy, CgroupRemovalFailed, CleanupReport, drain, live_pids
+from runc_guard.delete.cleanup import CgroupBusy, CgroupRemovalFailed, CleanupReport, drain, populated_dirs
 from runc_guard.delete.memcg_hold import held_dir, iter_held
 from runc_guard.delete.outcomes import MEMCG_LINE
 from runc_guard.delete.paths import check_container_paths, init_started_wall
@@ -188,8 +188,9 @@ class Finisher:
         return pending, populated
 
     def _try(self, path: str, record: PendingRecord, populated: list[str]) -> bool:
-        """A record whose cgroups are empty and whose init is dead is finished; else waited for."""
-        busy = [p for p in record.cgroup_paths if self.fs.exists(p) and live_pids(p, self.fs)]
+        """A record whose cgroups are empty (child cgroups included) and whose init is dead is finished;
+        else waited for."""
+        busy = populated_dirs(record.cgroup_paths, self.fs)
         if busy:
             populated.extend(busy)
             return False
@@ -486,7 +487,7 @@ def _reset_scope(record: PendingRecord, fs: CgroupFsOps, deadline: float) -> dic
         status = current.status
         if status is None or status.active_state != "failed":
             return current.as_dict()  # not loaded, inactive, active or deactivating: not ours to change
-        if any(live_pids(p, fs) for p in record.cgroup_paths if fs.exists(p)):
+        if populated_dirs(record.cgroup_paths, fs):
             return current.as_dict()
         return reset_failed(unit, deadline).as_dict()
     return None
