@@ -251,8 +251,10 @@ def test_a_memcg_with_a_child_cgroup_is_never_held_or_hidden(
                 "live_below": foreign is not None and foreign.pid in procs(os.path.join(memcg, "sub")),
             }
             if front == "guard":
-                ends[front]["outcome"] = [e.get("outcome") for e in reported_events(workdir)
-                                          if e.get("event") == "delete" and e.get("container_id") == ctr.id]
+                entries = [e for e in reported_events(workdir)
+                           if e.get("event") == "delete" and e.get("container_id") == ctr.id]
+                ends[front]["outcome"] = [e.get("outcome") for e in entries]
+                ends[front]["reason"] = [str(e.get("reason", "")).rsplit("/", 1)[-1] for e in entries]
                 records = held_dir(os.path.join(workdir, "cache"))
                 ends[front]["held_records"] = os.listdir(records) if os.path.isdir(records) else []
         finally:
@@ -274,4 +276,4 @@ def test_a_memcg_with_a_child_cgroup_is_never_held_or_hidden(
         assert stock["dirs"] == 0 and guard["outcome"] == ["removed"], ends
     else:
         assert stock["live_below"] and stock["dirs"] == 2, ends  # the control: runc's rmdir failed, in view
-        assert guard["outcome"] == ["stepped_aside"], ends
+        assert guard["outcome"] == ["stepped_aside"] and "not the container's" in guard["reason"][0], ends
