@@ -411,6 +411,7 @@ class Finisher:
             spent += result.reclaimed
             self.reclaimed_held[path] = self.reclaimed_held.get(path, 0) + result.reclaimed
             if result.done:
+                self.held_since.pop(path)  # its record is gone: a later hold of that name is a new one
                 self._report_held(doc, self.reclaimed_held.pop(path), result)
             elif max(time.time() - float(doc["created"]), self.now() - first) > HELD_GIVE_UP:
                 self.attempts[path] = MAX_ATTEMPTS
