@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from runc_guard import cjson
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(cjson.__file__)))
 
 _scalars = (
     st.none()
@@ -83,3 +86,19 @@ def test_constants_and_failures_match_json() -> None:
         cjson.dumps(loop)
     shared = [1]
     assert cjson.dumps([shared, shared]) == "[[1], [1]]"  # no stale markers from the failures above
+
+
+def test_a_bad_document_raises_value_error_where_json_was_never_imported() -> None:
+    """The accelerator builds its errors from ``json.decoder``; where nothing imported it (the finisher,
+    a fresh ``python -I``), a malformed object came out as SystemError, past every ``except ValueError``."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from runc_guard import cjson\n"
+             "for raw in (b'{not json', b'{\"a\" 1}', b'[1 2]', b'\"\\\\q\"'):\n"
+             "    try: cjson.loads(raw)\n"
+             "    except ValueError: pass\n"
+             )  # fmt: skip
+    done = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {ROOT!r}); {probe}"],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr

@@ -12,6 +12,7 @@ from runc_guard.delete.cleanup import (
     CgroupBusy,
     CgroupRemovalFailed,
     CleanupReport,
+    Reclaimer,
     drain,
     remove_listed,
     subtree_leaf_first,
@@ -157,6 +158,21 @@ def test_remove_listed_removes_in_order_without_reading(fake_fs: FakeCgroupFs) -
     assert remove_listed(paths, fake_fs, report) == {paths[3]: ()}
     assert report.removed == fake_fs.rmdirs == paths[:2]
     assert reads == []
+
+
+def test_remove_listed_leaves_the_parent_of_a_child_it_could_not_remove(
+    fake_fs: FakeCgroupFs, clock: FakeClock
+) -> None:
+    """A child cgroup populated since the look (the kernel refuses its rmdir): its parent is neither
+    reclaimed (a memcg's reclaim takes its children's pages) nor removed; both are left (issue 42)."""
+    child, parent = "/cg/memory/k/c1/sub", "/cg/memory/k/c1"
+    fake_fs.add(child, [55])
+    fake_fs.add(parent)
+    fake_fs.charged.update({child: 1 << 20, parent: 1 << 20})
+    report = CleanupReport()
+    reclaim = Reclaimer(fake_fs, report, 1.0, clock() + 1, clock)
+    assert remove_listed([child, parent], fake_fs, report, reclaim) == {child: (), parent: ()}
+    assert fake_fs.reclaims == [(child, clock() + 1)] and fake_fs.rmdirs == []
 
 
 def test_remove_listed_fails_fast_on_other_errors(fake_fs: FakeCgroupFs) -> None:

@@ -116,6 +116,18 @@ def test_a_shim_naming_the_container_owns_it(lab: Lab, shim_args: list[str], fin
     assert run(lab.settings, 1.0, _finisher(lab, proc), quiet=0).finished == finished
 
 
+def test_a_process_in_a_child_cgroup_keeps_the_record_waiting(lab: Lab) -> None:
+    """Issue 42 case 2: a process anywhere below the recorded cgroups (a child cgroup: Docker-in-Docker,
+    kind, systemd inside) keeps them busy: the finisher waits on it and runs no runtime. Before: it
+    looked at the recorded directories' own cgroup.procs only, re-ran the runtime and failed its rmdir."""
+    dirs, record = _cut_short(lab, "c1")
+    lab.fs.add(dirs[0] + "/sub", [4242])
+    finisher = run(lab.settings, 5.0, _finisher(lab), quiet=0)
+    assert finisher.finished == [] and lab.runs() == [] and lab.fs.killed == []
+    assert os.path.exists(record) and lab.fs.exists(dirs[0] + "/sub")
+    assert any(dirs[0] + "/sub" in paths for paths, _, _ in lab.fs.waits), "it waits on the child's cgroup"
+
+
 def test_a_delete_holding_the_claim_keeps_it(lab: Lab) -> None:
     """Another delete of the same id (containerd's retry) holds its claim: the finisher steps back."""
     _, record = _cut_short(lab, "c1")
@@ -708,3 +720,116 @@ def test_one_pass_reclaims_a_bounded_share_of_all_held_memcgs(
     monkeypatch.setattr(finisher_mod, "late_step", step)
     assert _finisher(lab).reclaim_held() == 3
     assert len(stepped) == 2  # the second step passed the pass's share: the third waits for the next pass
+
+
+def test_a_held_record_dated_ahead_never_keeps_the_finisher_past_its_give_up(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A held record whose ``created`` lies ahead (a clock stepped back, hostile input) is given up
+    HELD_GIVE_UP s after this finisher first saw it, with one entry: its age alone never gets there."""
+    import time
+
+    import runc_guard.node.finisher as finisher_mod
+    from runc_guard.node.late_reclaim import Step
+
+    _, record = _held(lab, "c1")
+    with open(record) as f:
+        doc = json.load(f)
+    doc["created"] = time.time() + 10 * finisher_mod.HELD_GIVE_UP
+    with open(record, "w") as f:
+        json.dump(doc, f)
+    monkeypatch.setattr(finisher_mod, "late_step", lambda _p, _d: Step(False, why="a cgroup appeared in it"))
+    started = lab.clock()
+
+    def bounded(_fs: Any) -> None:
+        assert lab.clock() - started < 2 * finisher_mod.HELD_GIVE_UP, "the finisher outlived its give-up"
+
+    lab.fs.on_wait = bounded
+    run(lab.settings, 0.0, _finisher(lab), quiet=0)
+    give_up = finisher_mod.HELD_GIVE_UP
+    assert give_up <= lab.clock() - started <= give_up + 2 * finisher_mod.POLL
+    assert [(e["event"], e["container_id"]) for e in lab.events()] == [("finisher_left", "c1")]
+    assert os.path.exists(record)  # the sweep's and audit's now
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of ``pid`` so far (its /proc stat), 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_the_finisher_ends_whatever_held_records_remain(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 42 case 1: the detached finisher (the program a delete starts) with one unreadable
+    held-memcg record and one it cannot finish, past HELD_GIVE_UP. It ends within its window plus a
+    pass, writes one ``finisher_left`` entry for the one it gave up on and none for the unreadable one,
+    and leaves both records for the sweep, listed by audit and counted by the metrics. Before: it
+    never ended (a pass without a sleep, again and again; an entry and a reporter each time)."""
+    import signal
+    import time
+
+    from runc_guard.delete.memcg_hold import held_dir, record_file
+    from runc_guard.delete.report import detach_finisher
+    from runc_guard.node.audit import AuditReport, families, held_memcgs, judge
+    from runc_guard.node.finisher import HELD_GIVE_UP
+
+    cache, window = tmp_path / "cache", 1.0
+    for key, value in {"CONFIG": tmp_path / "none.toml", "CACHE_DIR": cache, "PENDING_DIR": tmp_path / "p",
+                       "LOG_FILE": tmp_path / "events.jsonl", "STATS_FILE": tmp_path / "stats.jsonl",
+                       "JOURNAL_SOCKET": tmp_path / "no-journald.socket", "REPORTER_LINGER": 0,
+                       "FINISH_WINDOW": window}.items():  # fmt: skip
+        monkeypatch.setenv(f"RUNC_GUARD_{key}", str(value))
+    os.makedirs(held_dir(str(cache)), mode=0o700)
+    unreadable = os.path.join(held_dir(str(cache)), "00000000-unreadable.json")
+    with open(unreadable, "w") as f:
+        f.write("{}")
+    os.chmod(unreadable, 0o666)  # writable by anyone: never trusted (atomic.read_trusted)
+    held = tmp_path / "pod" / ".runc-guard-held.c1"  # no cgroup: a held path the finisher may not touch
+    held.mkdir(parents=True)
+    doc = {"container_id": "c1", "runtime_root": "/run/containerd/runc/k8s.io", "held": str(held),
+           "original": str(held.parent / "c1"), "reason": "dirty", "created": time.time() - HELD_GIVE_UP - 1}
+    with open(record_file(str(cache), str(held)), "w") as f:
+        json.dump(doc, f)
+    started = time.monotonic()
+    pid = detach_finisher(str(cache))
+    assert pid > 0
+    bound = window + 5.0  # its window, one pass, and an interpreter's start on a busy CI node
+    lifetime, cpu = None, 0.0
+    try:
+        while time.monotonic() - started < bound:
+            cpu = _cpu_seconds(pid) or cpu
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                lifetime = time.monotonic() - started
+                break
+            time.sleep(0.05)
+    finally:
+        if lifetime is None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    lefts = [e for e in (json.loads(line) for line in _lines(tmp_path / "events.jsonl"))
+             if e.get("event") == "finisher_left"]  # fmt: skip
+    end = f"ended after {lifetime:.2f} s" if lifetime is not None else f"still alive after {bound:.0f} s"
+    print(f"\nfinisher, 2 held records it cannot finish: {end}, {cpu:.2f} CPU s, {len(lefts)} finisher_left")
+    assert lifetime is not None, f"the finisher did not end: {cpu:.2f} CPU s, {len(lefts)} entries"
+    assert [e["container_id"] for e in lefts] == ["c1"], lefts
+    found = held_memcgs(str(cache), time.time())
+    assert sorted("error" in h for h in found) == [False, True], found
+    report = AuditReport([])
+    report.held_memcgs = found
+    judge(report, 10, 3600.0, None)
+    assert report.status == "problem"  # the unreadable record, at once; the other once HELD_STALE passed
+    [gauge] = [f for f in families(report, time.time()) if f.name == "runc_guard_memcgs_held"]
+    assert gauge.samples == (((), 2.0),), gauge
+
+
+def _lines(path: Any) -> list[str]:
+    try:
+        with open(path) as f:
+            return [line for line in f if line.strip()]
+    except FileNotFoundError:
+        return []

@@ -13,7 +13,7 @@ import pytest
 
 from runc_guard.delete import memcg_hold
 from runc_guard.delete.cgroupfs import CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC
-from runc_guard.delete.cleanup import drain
+from runc_guard.delete.cleanup import ForeignProcess, drain
 from runc_guard.delete.reclaim import DIRTY, holdable, reclaim
 from runc_guard.node import late_reclaim
 from runc_guard.node.metrics import apply_delete_line, new_state
@@ -234,3 +234,71 @@ def test_the_sweep_finishes_only_what_a_finisher_gave_up_on(tmp_path: Path) -> N
     _finish_held(SimpleNamespace(cache_dir=str(cache)), report)  # type: ignore[arg-type]
     assert report.held_cleared == 1 and report.errors == []
     assert [doc["held"] for _, doc in memcg_hold.iter_held(str(cache)) if doc] == [young]
+
+
+def _renaming_hold(fs: FakeCgroupFs, held: list[tuple[str, str]]):  # type: ignore[no-untyped-def]
+    """A hold that renames as cgroup1_rename does: the directory and everything below it move."""
+
+    def hold(path: str, why: str) -> str:
+        held.append((path, why))
+        target = memcg_hold.held_name(path) or path + ".held"
+        for old in [d for d in fs.dirs if d == path or d.startswith(path + "/")]:
+            fs.dirs[target + old[len(path):]] = fs.dirs.pop(old)
+        return target
+
+    return hold
+
+
+def test_a_process_in_a_child_cgroup_is_found_and_its_parent_never_held() -> None:
+    """Issue 42 case 2: the container's memcg (dirty) has a child cgroup with a live process that is not
+    dying (private PID namespace: not the container's). Nothing is reclaimed or held while it is there,
+    and the foreign step-aside fires for it as it would at the top. Before: the parent was held, the
+    rename took the child and its process out of view, and the drain called it all empty."""
+    clock = FakeClock()
+    fs = FakeCgroupFs(clock)
+    root = "/cg/memory/pod/ctr"
+    fs.add(root)
+    fs.add(root + "/sub", [4242])
+    fs.charged[root] = 8 << 20
+    fs.dirty.add(root)
+    held: list[tuple[str, str]] = []
+    with pytest.raises(ForeignProcess) as caught:
+        drain([root], fs, clock() + 4, 0.1, may_kill=False, remove=False, watch_foreign=True, clock=clock,
+              reclaim_budget=0.1, hold=_renaming_hold(fs, held))  # fmt: skip
+    assert (caught.value.path, caught.value.pid) == (root + "/sub", 4242)
+    assert held == [] and fs.reclaims == [] and root + "/sub" in fs.dirs
+
+
+def test_an_empty_child_keeps_its_parent_unreclaimed_and_only_a_root_is_held() -> None:
+    """An empty child cgroup (left for the runtime's RemovePath, which removes it first): the child is
+    reclaimed, never held (its held name would sit inside the tree being removed); its parent is neither
+    reclaimed (that would take the child's pages too) nor held (the rename would take the child along)."""
+    clock = FakeClock()
+    fs = FakeCgroupFs(clock)
+    root = "/cg/memory/pod/ctr"
+    for path in (root, root + "/sub"):
+        fs.add(path)
+        fs.charged[path] = 8 << 20
+        fs.dirty.add(path)
+    held: list[tuple[str, str]] = []
+    report = drain([root], fs, clock() + 4, 0.1, may_kill=False, remove=False, clock=clock,
+                   reclaim_budget=0.1, hold=_renaming_hold(fs, held))  # fmt: skip
+    assert held == [] and report.held == {} and report.remaining == {}
+    assert [p for p, _ in fs.reclaims] == [root + "/sub"] and fs.charged == {root: 8 << 20, root + "/sub": 0}
+    # removing: the child goes first, then the root is empty and may be held as before
+    report = drain([root], fs, clock() + 4, 0.1, may_kill=False, remove=True, clock=clock,
+                   reclaim_budget=0.1, hold=_renaming_hold(fs, held))  # fmt: skip
+    assert held == [(root, DIRTY)] and report.held == {root: "/cg/memory/pod/.runc-guard-held.ctr"}
+
+
+@pytest.mark.parametrize("inside", ["child cgroup", "process"])
+def test_hold_never_renames_a_directory_with_anything_in_it(tmp_path: Path, inside: str) -> None:
+    """The kernel renames a v1 cgroup with its children (cgroup1_rename has no child check): the hold looks
+    again right before the rename and leaves a directory with a child cgroup or a process as it is."""
+    cg = _v1(tmp_path / "memory" / "pod" / "ctr1")
+    if inside == "process":
+        (cg / "cgroup.procs").write_text("4242\n")
+    else:
+        (cg / "sub").mkdir()
+    assert memcg_hold.hold(str(cg), str(tmp_path / "cache"), "ctr1", "/r", TOO_LARGE) is None
+    assert cg.is_dir() and list(memcg_hold.iter_held(str(tmp_path / "cache"))) == []

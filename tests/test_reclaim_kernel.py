@@ -17,6 +17,7 @@ import ctypes
 import json
 import mmap
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -25,8 +26,13 @@ import pytest
 
 from labkit.kernel import (
     RUNC,
+    RuncContainer,
+    dirs_named,
+    exited,
+    procs,
     read_jsonl,
     remove_tree,
+    reported_events,
     unique,
     volume_writer_lifecycle,
     wait_for,
@@ -189,3 +195,85 @@ def test_what_reclaim_cannot_drop_is_named_on_the_real_kernel(
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmpfs)
+
+
+def _finishers(cache: str) -> list[int]:
+    """Pids holding the finisher's lock file open (the delete that took the lock passed it on)."""
+    from runc_guard.delete.report import FINISHER_LOCK
+
+    lock, found = os.path.join(cache, FINISHER_LOCK), []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        with contextlib.suppress(OSError):
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == lock for fd in os.listdir(f"/proc/{pid}/fd")):
+                found.append(pid)
+    return found
+
+
+@pytest.mark.parametrize("child", ["empty", "live"])
+def test_a_memcg_with_a_child_cgroup_is_never_held_or_hidden(
+    shim_binary: str, workdir: str, tmp_path: os.PathLike[str], parents: list[str], child: str
+) -> None:
+    """Issue 42 case 2: the container's memcg has a child cgroup ``sub`` and 8 MiB of dirty page cache
+    of its own (finisher on, so a hold is possible). ``empty``: host PID, ``sub`` empty: stock runc
+    removes both; runc-guard must too (before: the memcg renamed aside with ``sub`` inside, exit 0).
+    ``live``: private PID, a process that is not the container's lives in ``sub``: stock runc fails its
+    rmdir (exit 0, the cgroup stays in view with the process); runc-guard must find the process below
+    and step aside to the same end (before: memcg renamed with the process inside, ``removed``)."""
+    ends = {}
+    for front in ("stock", "guard"):
+        parent = unique(f"rgtest-memcg-{child}-{front}")
+        parents.append(parent)
+        ctr = RuncContainer.start(workdir, 1, parent=parent, host_pid=child == "empty")
+        memcg = os.path.join(MEMORY, ctr.cgroup_relative.strip("/"))
+        env = guard_env(workdir, RUNC_GUARD_RUNTIME=RUNC, RUNC_GUARD_FINISH_WINDOW="5")
+        foreign: subprocess.Popen[bytes] | None = None
+        try:
+            os.mkdir(os.path.join(memcg, "sub"))
+            if child == "live":
+                foreign = subprocess.Popen(["sleep", "600"])
+                with open(os.path.join(memcg, "sub", "cgroup.procs"), "w") as f:
+                    f.write(str(foreign.pid))
+            # 8 MiB dirty, charged to the container's own memcg (more than a reply may write back)
+            dirty = f"echo $$ > {memcg}/cgroup.procs && dd if=/dev/zero of={tmp_path}/{front} bs=1M count=8"
+            subprocess.run(["sh", "-c", dirty], check=True, capture_output=True)
+            init = ctr.init_pid()
+            os.kill(init, signal.SIGKILL)
+            assert wait_for(lambda: exited(init), 10)  # noqa: B023 - host PID: its sleeper is a straggler
+            delete = [RUNC] if front == "stock" else [shim_binary]
+            done = subprocess.run([*delete, "--root", ctr.root, "delete", "--force", ctr.id], env=env,
+                                  capture_output=True, text=True, check=False, timeout=60)  # fmt: skip
+            below = os.path.join(MEMORY, parent)
+            ends[front] = {
+                "exit": done.returncode,
+                "dirs": len(ctr.cgroup_dirs()),
+                "memcg": sorted(os.path.relpath(d, below).replace(ctr.id, "ID")
+                                for d in dirs_named(f"/{parent}") if d.startswith(below + "/")),
+                "live_below": foreign is not None and foreign.pid in procs(os.path.join(memcg, "sub")),
+            }
+            if front == "guard":
+                entries = [e for e in reported_events(workdir)
+                           if e.get("event") == "delete" and e.get("container_id") == ctr.id]
+                ends[front]["outcome"] = [e.get("outcome") for e in entries]
+                ends[front]["reason"] = [str(e.get("reason", "")).rsplit("/", 1)[-1] for e in entries]
+                records = held_dir(os.path.join(workdir, "cache"))
+                ends[front]["held_records"] = os.listdir(records) if os.path.isdir(records) else []
+        finally:
+            for pid in _finishers(os.path.join(workdir, "cache")):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if foreign is not None:
+                foreign.kill()
+                foreign.wait()
+            ctr.destroy()
+    print(f"\nchild cgroup {child}: stock {ends['stock']}\n  runc-guard {ends['guard']}")
+    stock, guard = ends["stock"], ends["guard"]
+    assert not any(PREFIX in name for name in guard["memcg"]), guard  # nothing held, nothing hidden
+    assert guard["held_records"] == [], guard
+    assert (guard["exit"], guard["dirs"], guard["memcg"], guard["live_below"]) == (
+        stock["exit"], stock["dirs"], stock["memcg"], stock["live_below"]
+    ), ends
+    if child == "empty":
+        assert stock["dirs"] == 0 and guard["outcome"] == ["removed"], ends
+    else:
+        assert stock["live_below"] and stock["dirs"] == 2, ends  # the control: runc's rmdir failed, in view
+        assert guard["outcome"] == ["stepped_aside"] and "not the container's" in guard["reason"][0], ends

@@ -26,7 +26,7 @@ from runc_guard.errors import EXIT_CGROUP_BUSY, EXIT_CGROUP_ERROR, RuncGuardErro
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
 #: Longest sleep while a cgroup2 ``cgroup.events`` can wake us: the event is the
 #: real signal, this only bounds the damage if a process left the unified tree.
@@ -136,9 +136,26 @@ def live_pids(path: str, fs: CgroupFsOps) -> tuple[int, ...]:
     return tuple(pid for pid in fs.read_procs(path) if pid <= 0 or fs.pid_alive(pid))
 
 
+def populated_dirs(roots: Sequence[str], fs: CgroupFsOps) -> list[str]:
+    """The directories of ``roots``' subtrees that hold a live process: a container is empty only
+    when nothing below it holds one either (a child cgroup: Docker-in-Docker, kind, systemd inside)."""
+    return [path for root in roots for path in subtree_leaf_first(root, fs) if live_pids(path, fs)]
+
+
+def _below(path: str, left: Iterable[str]) -> bool:
+    """A cgroup in ``left`` lies below ``path``: ``path`` is not empty, whatever its own cgroup.procs says.
+
+    The kernel refuses its rmdir (EBUSY), but not a v1 rename (cgroup1_rename has no child
+    check), and a memory cgroup's reclaim takes its descendants' pages with it.
+    """
+    prefix = path.rstrip("/") + "/"
+    return any(p.startswith(prefix) for p in left)
+
+
 class Reclaimer:
     """Reclaims each empty memory cgroup once, before its rmdir, within one budget (delete.reclaim).
 
+    Empty means no process in it and no cgroup below it (the caller's rule: :func:`attempt_removal`).
     The budget starts at the first cgroup that has pages charged, so the wait for
     the cgroups to empty does not eat it, and never runs past ``deadline``.
     ``budget`` 0: nothing is reclaimed (a caller that must not spend the time).
@@ -158,24 +175,28 @@ class Reclaimer:
         self.until: float | None = None
         self.done: set[str] = set()
 
-    def __call__(self, path: str) -> None:
+    def __call__(self, path: str, top: bool = False) -> None:
+        """Reclaim the empty ``path``; ``top``: it is one of the container's own directories (a root),
+        the only kind a hold may rename: a descendant's held name would sit inside the tree that the
+        runtime and the cleanup remove next."""
         if self.budget <= 0 or path in self.done:
             return
         self.done.add(path)
+        hold = self.hold if top else None
         until = self.until if self.until is not None else min(self.deadline, self.clock() + self.budget)
         # Dirty pages are left to a hold when a finisher will run (v1): the kernel's reclaim can wait
         # 100 ms on them, on the reply's time. Where the hold cannot be (a unit's cgroup), they are
         # reclaimed below after all: a rare second look costs less than importing delete.memcg_hold
         # on every delete.
-        result = self.fs.reclaim_memory(path, until, hold_dirty=self.hold is not None)
+        result = self.fs.reclaim_memory(path, until, hold_dirty=hold is not None)
         if self.until is None and result.before:
             # The budget starts here, at the first memory cgroup with pages charged: not at the first
             # empty directory of any hierarchy (a freezer or pids directory empties first, and the
             # memory one, held up by a process dying slowly, seconds later).
             self.until = until
         self.report.reclaimed += result.reclaimed
-        if result.skipped and self.hold is not None and holdable(result.skipped):
-            held = self.hold(path, result.skipped)
+        if result.skipped and hold is not None and holdable(result.skipped):
+            held = hold(path, result.skipped)
             if held is not None:
                 self.report.held[path] = held  # gone from ``path``: the rmdir after finds ENOENT
                 return
@@ -194,11 +215,16 @@ def attempt_removal(
 ) -> dict[str, tuple[int, ...]]:
     """One pass over every directory; returns what is left (path -> live pids).
 
-    With ``remove=False`` nothing is removed: an empty directory is simply done.
+    A directory is empty when no live process is in it and no cgroup is left
+    below it (children go first: one still populated, or not removed). Only an
+    empty one is reclaimed, held (only a root) or removed; a process anywhere
+    below is in what is left, under its own path. With ``remove=False`` nothing
+    is removed: its subtree empty of processes, a directory is simply done.
     ``reclaim``: an empty directory's memory is reclaimed first (removed or not).
     """
     remaining: dict[str, tuple[int, ...]] = {}
     for root in roots:
+        left: list[str] = []  # this subtree's directories still there after their turn
         for path in subtree_leaf_first(root, fs):
             pids = live_pids(path, fs)
             if pids:
@@ -207,11 +233,19 @@ def attempt_removal(
                         if pid > 0 and pid not in report.killed and fs.kill_if_member(pid, path):
                             report.killed.append(pid)
                 remaining[path] = pids
+                left.append(path)
+                continue
+            if _below(path, left):
+                left.append(path)
+                if remove:
+                    remaining[path] = ()  # its rmdir would fail (EBUSY) until the child is gone
                 continue
             if reclaim is not None:
-                reclaim(path)
+                reclaim(path, top=path == root)
             if remove:
                 _rmdir(path, fs, report, remaining)
+            if not remove or path in remaining:
+                left.append(path)
     return remaining
 
 
@@ -231,6 +265,9 @@ def remove_listed(
     """
     remaining: dict[str, tuple[int, ...]] = {}
     for path in paths:
+        if _below(path, remaining):
+            remaining[path] = ()  # a child refused its rmdir: neither reclaimed nor removed (attempt_removal)
+            continue
         if reclaim is not None:
             reclaim(path)
         _rmdir(path, fs, report, remaining)

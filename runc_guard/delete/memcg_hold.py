@@ -16,7 +16,12 @@ with the runtime's delete and nothing to do.
 
 Only an empty memory cgroup of the container's own (the caller proved both) is
 held, never a systemd unit's (``.scope``/``.slice``: systemd owns and may
-re-create those), and only when a finisher will run. Stdlib only.
+re-create those), and only when a finisher will run. Empty includes what is
+below it: the kernel renames a v1 directory with its child cgroups inside
+(cgroup1_rename has no child check), which would hide them, and a process in
+them, from the runtime's RemovePath (ENOENT: done) and from every look after
+(issue 42); :func:`occupied` is looked at again right before the rename.
+Stdlib only.
 """
 
 from __future__ import annotations
@@ -62,6 +67,18 @@ def record_file(cache_dir: str, held: str) -> str:
     return os.path.join(held_dir(cache_dir), f"{crc:08x}-{os.path.basename(held)[:200]}.json")
 
 
+def occupied(path: str) -> bool:
+    """A process or a child cgroup in the cgroup directory ``path`` (or it cannot be read: as good as one)."""
+    try:
+        with open(os.path.join(path, "cgroup.procs"), "rb") as f:
+            if f.read().strip():
+                return True
+        with os.scandir(path) as entries:
+            return any(entry.is_dir(follow_symlinks=False) for entry in entries)
+    except OSError:
+        return True
+
+
 def hold(path: str, cache_dir: str, container_id: str, runtime_root: str, reason: str) -> str | None:
     """Record, then rename the empty memory cgroup ``path`` aside; the held path, or None (not held).
 
@@ -70,6 +87,8 @@ def hold(path: str, cache_dir: str, container_id: str, runtime_root: str, reason
     held = held_name(path)
     if held is None or not os.path.exists(os.path.join(path, "memory.usage_in_bytes")):
         return None  # cgroup2 (no rename), or not a memory cgroup
+    if occupied(path):
+        return None  # the rename would take a child cgroup (and any process in it) out of every view
     record = record_file(cache_dir, held)
     if os.path.lexists(record):
         return None  # another held memcg's record of that name (or this one's, held already)

@@ -24,7 +24,8 @@ in vain.
 
 Only the caller's path is written, never a parent: reclaiming a pod's or QoS
 cgroup would evict a running sibling's cache. The caller proves the path is the
-container's own and empty of processes. Every failure is "not reclaimed":
+container's own and empty: no process in it and no cgroup below it (a v1
+reclaim takes the whole subtree's pages: cleanup.attempt_removal). Every failure is "not reclaimed":
 the rmdir goes on as the runtime's would, the memcg then dying as it does today.
 Stdlib only.
 """

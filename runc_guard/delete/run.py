@@ -40,7 +40,7 @@ from runc_guard.delete.cleanup import (
     CleanupReport,
     ForeignProcess,
     drain,
-    live_pids,
+    populated_dirs,
 )
 from runc_guard.delete.outcomes import ALREADY_GONE, REMOVED, UNKNOWN, WARNING_OUTCOMES
 from runc_guard.delete.paths import check_container_paths, check_path, init_started_wall
@@ -528,7 +528,7 @@ class DeleteRun:
         from runc_guard.delete.systemd_scope import STILL_BUSY, settle
 
         def empty() -> bool:
-            return not any(live_pids(p, self.fs) for p in paths if self.fs.exists(p))
+            return not populated_dirs(paths, self.fs)
 
         result = settle(unit, empty, self.deadline, self.settings.poll_interval, stop_active=False)
         self.canonical["systemd_scope_after"] = result.as_dict()

@@ -43,7 +43,9 @@ wait nor the hold on other containers' cleanups (:func:`run`).
 A delete that held a container's memory cgroup aside (cgroup v1, a page cache too
 large to reclaim on the reply's time: delete.memcg_hold) leaves it here too: each
 pass takes one paced step of its reclaim (node.late_reclaim), storm or not (niced,
-no I/O of its own), and the finisher does not exit while one is held.
+no I/O of its own), and the finisher does not exit while one is held: at most
+HELD_GIVE_UP s after it first saw it, then it is the sweep's (as is a record it
+cannot read).
 
 What it cannot finish in its window stays for ``runc-guardctl sweep`` and audit.
 """
@@ -55,10 +57,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from runc_guard.atomic import json_records
 from runc_guard.delete.aside import OVERLOAD, SIBLING, iter_aside
 from runc_guard.delete.cgroupfs import CgroupFsOps, RealCgroupFs, cgroup_mounts
-from runc_guard.delete.cleanup import CgroupBusy, CgroupRemovalFailed, CleanupReport, drain, live_pids
-from runc_guard.delete.memcg_hold import iter_held
+from runc_guard.delete.cleanup import CgroupBusy, CgroupRemovalFailed, CleanupReport, drain, populated_dirs
+from runc_guard.delete.memcg_hold import held_dir, iter_held
 from runc_guard.delete.outcomes import MEMCG_LINE
 from runc_guard.delete.paths import check_container_paths, init_started_wall
 from runc_guard.delete.pending import BUSY, Claim, PendingRecord, iter_records, remove_record
@@ -156,6 +159,9 @@ class Finisher:
     finished: list[str] = field(default_factory=list)
     #: Bytes reclaimed so far per held-memcg record (a held memcg takes several steps).
     reclaimed_held: dict[str, int] = field(default_factory=dict)
+    #: When this finisher first looked at each held-memcg record (its clock): the records it has seen,
+    #: and a give-up bound that no record's ``created`` (a stepped clock, hostile input) can stretch.
+    held_since: dict[str, float] = field(default_factory=dict)
 
     def now(self) -> float:
         return self.clock()
@@ -182,8 +188,9 @@ class Finisher:
         return pending, populated
 
     def _try(self, path: str, record: PendingRecord, populated: list[str]) -> bool:
-        """A record whose cgroups are empty and whose init is dead is finished; else waited for."""
-        busy = [p for p in record.cgroup_paths if self.fs.exists(p) and live_pids(p, self.fs)]
+        """A record whose cgroups are empty (child cgroups included) and whose init is dead is finished;
+        else waited for."""
+        busy = populated_dirs(record.cgroup_paths, self.fs)
         if busy:
             populated.extend(busy)
             return False
@@ -382,10 +389,13 @@ class Finisher:
     def reclaim_held(self) -> int:
         """One paced step on every memory cgroup a delete held aside (node.late_reclaim); how many are left.
 
-        A record still not done HELD_GIVE_UP s after it was written is left to the sweep and audit.
+        A record still not done HELD_GIVE_UP s after it was written, or after this finisher first saw
+        it, is left to the sweep and audit (one ``finisher_left`` entry); an unusable one at once,
+        without an entry (it names nothing to report; audit lists it). Neither counts as left.
         """
         left = spent = 0
         for path, doc in iter_held(self.settings.cache_dir):
+            first = self.held_since.setdefault(path, self.now())
             if doc is None or self.attempts.get(path, 0) >= MAX_ATTEMPTS:
                 continue
             if spent >= HELD_PASS_BYTES:
@@ -401,8 +411,9 @@ class Finisher:
             spent += result.reclaimed
             self.reclaimed_held[path] = self.reclaimed_held.get(path, 0) + result.reclaimed
             if result.done:
+                self.held_since.pop(path)  # its record is gone: a later hold of that name is a new one
                 self._report_held(doc, self.reclaimed_held.pop(path), result)
-            elif time.time() - float(doc["created"]) > HELD_GIVE_UP:
+            elif max(time.time() - float(doc["created"]), self.now() - first) > HELD_GIVE_UP:
                 self.attempts[path] = MAX_ATTEMPTS
                 self._log_left(str(doc["container_id"]), str(doc["runtime_root"]),
                                f"held memory cgroup {doc['held']}: {result.why}")
@@ -477,7 +488,7 @@ def _reset_scope(record: PendingRecord, fs: CgroupFsOps, deadline: float) -> dic
         status = current.status
         if status is None or status.active_state != "failed":
             return current.as_dict()  # not loaded, inactive, active or deactivating: not ours to change
-        if any(live_pids(p, fs) for p in record.cgroup_paths if fs.exists(p)):
+        if populated_dirs(record.cgroup_paths, fs):
             return current.as_dict()
         return reset_failed(unit, deadline).as_dict()
     return None
@@ -579,7 +590,10 @@ def finisher_main(held: int) -> None:
     from the runtime's PID namespace (node.pidns: otherwise every init looks
     dead); then runs. Before it exits it lets go of the lock and looks once
     more: a delete that found the lock held started no finisher of its own, so
-    a record it has not seen yet means another round.
+    a record it has not seen yet means another round. Only one it has not seen:
+    what it gave up on (or cannot read) stays for the sweep, and another round
+    for it would be a pass without a sleep, again and again (issue 42). One
+    Finisher serves every round, so each record gets at most one entry.
     """
     keep_only_stdio_and(held)
     step_back()
@@ -591,13 +605,15 @@ def finisher_main(held: int) -> None:
     if not pid_namespace_view().trusted:
         os.close(held)
         return  # what it leaves, the sweep (which refuses there too, loudly) and audit report
+    finisher = Finisher(settings)
     seen: set[str] = set()
     lock: int | None = held
     while lock is not None:
         try:
-            run(settings, settings.finish_window, seen=seen)
+            run(settings, settings.finish_window, finisher, seen)
         finally:
             os.close(lock)
-        if not _work(settings) - seen and not any(True for _ in iter_held(settings.cache_dir)):
+        unseen_held = set(json_records(held_dir(settings.cache_dir))) - finisher.held_since.keys()
+        if not _work(settings) - seen and not unseen_held:
             return
         lock = try_lock(settings.cache_dir, FINISHER_LOCK)

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 
 from runc_guard.delete.cgroupfs import CGROUP_SUPER_MAGIC
-from runc_guard.delete.memcg_hold import PREFIX, drop
+from runc_guard.delete.memcg_hold import PREFIX, drop, occupied
 from runc_guard.delete.reclaim import (
     IO_PRESSURE,
     IO_PRESSURE_MAX,
@@ -62,14 +62,6 @@ class Step:
     why: str = ""
 
 
-def _read(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
 def _usage(held: str) -> tuple[int, int, int] | None:
     """(usage, page cache, of which dirty or under writeback) in bytes; None: unreadable (gone)."""
     usage, cache = read_int(os.path.join(held, "memory.usage_in_bytes")), page_cache(held, V1)
@@ -92,16 +84,6 @@ def trusted(doc: Mapping[str, object], fs_type: Callable[[str], int] = statfs_ty
     except OSError:
         return None
     return held
-
-
-def _populated(held: str) -> bool:
-    procs = _read(os.path.join(held, "cgroup.procs"))
-    if procs is None or procs.strip():
-        return True
-    try:
-        return any(entry.is_dir(follow_symlinks=False) for entry in os.scandir(held))
-    except OSError:
-        return True
 
 
 def _pressure(io: str, memory: str) -> str:
@@ -136,7 +118,7 @@ def step(
             return Step(True, why="gone")
         return Step(False, why="memory.stat unreadable")
     usage, cache, dirty = found
-    if _populated(held):
+    if occupied(held):
         return Step(False, left=cache, why="a process or cgroup appeared in it")
     created = doc.get("created")
     late = final or not isinstance(created, (int, float)) or now() - float(created) >= LATE_MAX
