@@ -106,7 +106,7 @@ def test_quiet_when_nothing_happened(labs: cr.Labs, version: str) -> None:
 
 @pytest.mark.parametrize("version", _params(RETRY_GAP))
 def test_rm_f_retried_until_it_succeeds(labs: cr.Labs, version: str, summary: list[str]) -> None:
-    """kubelet's way: `crictl rm -f` until it succeeds, children dying after runc-guard's
+    """kubelet's way: `rm -f` until it succeeds, children dying after runc-guard's
     deadline: it ends with 0 dirs, 0 runc state and no pending record through runc-guard."""
     lab = labs(version)
     stock, guard = cr.both(cr.rm_retry, lab, "node", RETRY_RELEASE)

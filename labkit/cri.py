@@ -1,8 +1,9 @@
-"""A private containerd with its CRI plugin, driven by crictl the way kubelet drives it.
+"""A private containerd with its CRI plugin, driven the way kubelet drives it.
 
 Built on ``labkit.containerd`` (own root, state, sockets and a fresh
-``/run`` under ``unshare -m``), for containerd 1.6.20 (Debian, config v2) and
-2.2.2 (``labkit.runtimes``, config v3):
+``/run`` under ``unshare -m``), for containerd 1.6.20 (Debian 12, config v2),
+1.7.24 (trixie, config v2) and 2.1.9 (sid, config v3), the last two from
+``labkit.runtimes``:
 
 - the config starts as that containerd's own ``containerd config default``; the
   test support points root/state/sockets/CNI/opt into the lab's directory, turns
@@ -20,14 +21,17 @@ Built on ``labkit.containerd`` (own root, state, sockets and a fresh
   container's cgroup is ``/<prefix>/pod<uid>/<container id>`` in every hierarchy.
 - images (pause, busybox) come from ``labkit.images``: no network.
 
-``CriLab.crictl`` runs crictl from ``labkit.runtimes`` against the private
-socket. Objects are named uniquely, so labs and tests run in parallel (xdist).
+``CriLab.client`` is a ``labkit.cri_client.Cri`` on the private socket (stubs
+compiled from Debian's ``api.proto``, see :func:`require_stubs`);
+``CriLab.cri("rm", "-f", id)`` runs that module's crictl-compatible verbs in this
+process. Objects are named uniquely, so labs and tests run in parallel (xdist).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import json
 import os
 import shutil
@@ -43,7 +47,7 @@ from typing import Any
 import tomlkit
 
 from labkit import containerd as cl
-from labkit import images
+from labkit import cri_client, images
 from labkit.kernel import (
     CGROUP_ROOT,
     FreezerHold,
@@ -209,7 +213,7 @@ class CriLab:
     guarded: cl.GuardedLab
     build: cl.Build
     runc: str
-    crictl_binary: str
+    client: cri_client.Cri
     prefix: str
     configure_output: str
     pods: list[Pod] = field(default_factory=list)
@@ -226,34 +230,20 @@ class CriLab:
     def workdir(self) -> str:
         return self.guarded.workdir
 
-    def crictl(
-        self, *args: str, check: bool = True, timeout: float = 90, stdin: str | None = None
+    def cri(
+        self, *args: str, check: bool = True, timeout: float = 60, stdin: str | None = None
     ) -> subprocess.CompletedProcess[str]:
-        """crictl against this containerd's CRI socket (never the machine's)."""
-        endpoint = "unix://" + self.containerd.address
-        argv = [
-            self.crictl_binary,
-            "--config",
-            os.path.join(self.workdir, "crictl.yaml"),
-            "--runtime-endpoint",
-            endpoint,
-            "--image-endpoint",
-            endpoint,
-            "--timeout",
-            "60s",
-            *args,
-        ]
-        proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            input=stdin,
-            stdin=None if stdin is not None else subprocess.DEVNULL,
-        )
-        if check and proc.returncode != 0:
-            raise RuntimeError(f"crictl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+        """A crictl-style verb (``labkit.cri_client``'s CLI) on this containerd's CRI socket, in-process.
+
+        Exit status, stdout and stderr as that CLI gives them; ``timeout`` is every RPC's deadline.
+        """
+        out, err = io.BytesIO(), io.BytesIO()
+        data = None if stdin is None else stdin.encode()
+        status = cri_client.run(self.client.with_timeout(timeout), args, data, out, err)
+        text = [stream.getvalue().decode(errors="replace") for stream in (out, err)]
+        proc = subprocess.CompletedProcess(list(args), status, text[0], text[1])
+        if check and status != 0:
+            raise RuntimeError(f"cri {' '.join(args)} failed ({status}): {proc.stderr.strip()}")
         return proc
 
     def write_json(self, name: str, body: dict[str, Any]) -> str:
@@ -264,7 +254,7 @@ class CriLab:
         return path
 
     def run_pod(self, handler: str, pid_mode: int, name: str = "rgcri") -> Pod:
-        """``crictl runp --runtime <handler>``: a host-network pod in the lab's cgroup prefix."""
+        """``runp --runtime <handler>``: a host-network pod in the lab's cgroup prefix."""
         uid = unique("uid").split("-", 1)[1]
         pod_name = unique(name)
         parent = f"/{self.prefix}/pod{uid}"
@@ -283,11 +273,11 @@ class CriLab:
         )
         pod = Pod("", pod_name, uid, handler, pid_mode, parent, config)
         self.pods.append(pod)
-        pod.id = self.crictl("runp", "--runtime", handler, config).stdout.strip()
+        pod.id = self.cri("runp", "--runtime", handler, config).stdout.strip()
         return pod
 
     def create(self, pod: Pod, command: list[str], name: str = "work") -> Container:
-        """``crictl create`` + ``start``: a busybox container with the pod's PID mode."""
+        """``create`` + ``start``: a busybox container with the pod's PID mode."""
         cname = unique(name)
         config = self.write_json(
             f"{cname}-ctr.json",
@@ -299,8 +289,8 @@ class CriLab:
                 "linux": {"security_context": {"namespace_options": {"network": NODE, "pid": pod.pid_mode}}},
             },
         )
-        cid = self.crictl("create", pod.id, config, pod.config_path).stdout.strip()
-        self.crictl("start", cid)
+        cid = self.cri("create", pod.id, config, pod.config_path).stdout.strip()
+        self.cri("start", cid)
         return Container(cid, pod, config)
 
     def start_sleepers(self, pod: Pod, children: int = 3) -> Container:
@@ -311,14 +301,15 @@ class CriLab:
         return ctr
 
     def inspect(self, cid: str) -> dict[str, Any]:
-        return json.loads(self.crictl("inspect", cid).stdout)  # type: ignore[no-any-return]
+        """The container's verbose status, as ``inspect`` prints it (``info.pid``: its init)."""
+        return self.client.container_status(cid)
 
     def state(self, cid: str) -> str | None:
-        """CONTAINER_RUNNING / CONTAINER_EXITED / ..., None when CRI no longer knows it."""
-        proc = self.crictl("inspect", cid, check=False)
-        if proc.returncode != 0:
+        """CONTAINER_RUNNING / CONTAINER_EXITED / ..., None when CRI no longer knows it (or cannot say)."""
+        try:
+            return self.client.container_state(cid)
+        except cri_client.CriError:
             return None
-        return str(json.loads(proc.stdout)["status"]["state"])
 
     def init_pid(self, cid: str) -> int:
         return int(self.inspect(cid)["info"]["pid"])
@@ -335,10 +326,10 @@ class CriLab:
         cl.kill_cgroup_procs(pod.cgroup_parent)
         if pod.id and self.containerd.alive():
             for _ in range(3):
-                if self.crictl("inspectp", pod.id, check=False).returncode != 0:
+                if self.cri("inspectp", pod.id, check=False).returncode != 0:
                     break  # CRI no longer knows it
-                self.crictl("stopp", pod.id, check=False, timeout=60)
-                if self.crictl("rmp", "-f", pod.id, check=False, timeout=60).returncode == 0:
+                self.cri("stopp", pod.id, check=False)
+                if self.cri("rmp", "-f", pod.id, check=False).returncode == 0:
                     break
         cl.kill_cgroup_procs(pod.cgroup_parent)
         wait_for(lambda: not any(procs(d) for d in dirs_named(pod.cgroup_parent)), 10)
@@ -364,55 +355,79 @@ def missing_prerequisites(build: cl.Build) -> str | None:
     )
 
 
+def require_stubs() -> str:
+    """The CRI client's stubs for Debian's api.proto (compiled once, cached in /var/tmp).
+
+    Without the proto or grpcio/grpcio-tools the test stops naming what is missing:
+    a failure under CI, a skip elsewhere (labkit.prereq).
+    """
+    from labkit import prereq, runtimes
+
+    proto = runtimes.require(runtimes.CRI_API_PROTO)
+    try:
+        import grpc  # type: ignore[import-untyped]  # noqa: F401
+
+        return cri_client.generate_stubs(proto)
+    except (ImportError, cri_client.StubsUnavailable) as e:
+        prereq.missing(f"the CRI client (pip install grpcio grpcio-tools, the .[test] extra): {e}")
+
+
+def find_stubs() -> str:
+    """:func:`require_stubs` outside pytest (make demo, bench/): SystemExit naming what is missing."""
+    from labkit import runtimes
+
+    proto = runtimes.find(runtimes.CRI_API_PROTO)
+    if proto is None:
+        raise SystemExit(runtimes.why_missing(runtimes.CRI_API_PROTO))
+    try:
+        return cri_client.generate_stubs(proto)
+    except cri_client.StubsUnavailable as e:
+        raise SystemExit(f"the CRI client: {e}") from e
+
+
 @contextlib.contextmanager
-def cri_lab(workdir: str, build: cl.Build, crictl: str, **overrides: str) -> Iterator[CriLab]:
-    """Start a CRI containerd for ``build`` in ``workdir``, images imported; always stop it."""
+def cri_lab(workdir: str, build: cl.Build, stubs: str, **overrides: str) -> Iterator[CriLab]:
+    """Start a CRI containerd for ``build`` in ``workdir``, images imported; always stop it.
+
+    ``stubs``: the CRI client's generated stubs (:func:`require_stubs` / :func:`find_stubs`).
+    """
     os.makedirs(os.path.join(workdir, "bin"), exist_ok=True)
     settings = cl.guard_settings(workdir, **{"RUNC_GUARD_RUNTIME": build.runc, **overrides})
     config = cri_config(workdir, build, build.runc)
     configured = configure(config, settings["RUNC_GUARD_CONFIG"], build.config_version)
-    with running_cri(workdir, build, crictl, config, settings, configured) as lab:
+    with running_cri(workdir, build, stubs, config, settings, configured) as lab:
         yield lab
 
 
 @contextlib.contextmanager
 def running_cri(
-    workdir: str, build: cl.Build, crictl: str, config: str, settings: dict[str, str],
+    workdir: str, build: cl.Build, stubs: str, config: str, settings: dict[str, str],
     configured: str = "", prefix_name: str = "rgcri",
 ) -> Iterator[CriLab]:
     """A CRI containerd on ``config`` (prepared by the caller), images imported; always stopped.
 
     Its pods' cgroups live below a unique ``prefix_name`` parent, removed afterwards.
     """
-    with open(os.path.join(workdir, "crictl.yaml"), "w") as f:
-        f.write(f"runtime-endpoint: unix://{os.path.join(workdir, 'containerd.sock')}\n")
     image_dir = os.path.join(workdir, "images")
     os.makedirs(image_dir, exist_ok=True)
     built = [images.pause_image(image_dir), images.busybox_image(image_dir)]
     prefix = unique(prefix_name)
     try:
         with cl.running_containerd(workdir, settings, cl.HYBRID, build, config=config) as ctd:
-            lab = CriLab(cl.GuardedLab(ctd, settings, workdir), build, build.runc, crictl, prefix, configured)
+            client = cri_client.Cri("unix://" + ctd.address, stubs, timeout=60)
+            lab = CriLab(cl.GuardedLab(ctd, settings, workdir), build, build.runc, client, prefix, configured)
             try:
                 for image in built:
                     ctd.ctr(K8S_NS, "images", "import", image.tar, timeout=120)
                 for image in built:
-                    if not wait_for(
-                        lambda i=image: (
-                            lab.crictl(  # type: ignore[misc]
-                                "inspecti", i.name, check=False
-                            ).returncode
-                            == 0
-                        ),
-                        20,
-                        0.1,
-                    ):
+                    if not wait_for(lambda i=image: _has_image(client, i.name), 20, 0.1):
                         raise RuntimeError(f"CRI does not see {image.name}:\n{ctd.log()[-2000:]}")
                 yield lab
             finally:
                 for pod in list(lab.pods):
                     with contextlib.suppress(Exception):
                         lab.remove_pod(pod)
+                client.close()
     finally:
         cl.kill_cgroup_procs(prefix)
         wait_for(lambda: not any(procs(d) for d in dirs_named(prefix)), 10)
@@ -420,12 +435,20 @@ def running_cri(
             remove_tree(os.path.join(mount, prefix))
 
 
+def _has_image(client: cri_client.Cri, name: str) -> bool:
+    """Whether the CRI sees ``name`` yet (its plugin may still be starting: no answer is a no)."""
+    try:
+        return client.image_status(name, timeout=5) is not None
+    except cri_client.CriError:
+        return False
+
+
 @contextlib.contextmanager
-def cri_lab_in(factory: Any, name: str, build: cl.Build, crictl: str, **overrides: str) -> Iterator[CriLab]:
+def cri_lab_in(factory: Any, name: str, build: cl.Build, stubs: str, **overrides: str) -> Iterator[CriLab]:
     """cri_lab in a fresh temp dir from pytest's ``tmp_path_factory``, removed afterwards."""
     workdir = str(factory.mktemp(name))
     try:
-        with cri_lab(workdir, build, crictl, **overrides) as lab:
+        with cri_lab(workdir, build, stubs, **overrides) as lab:
             yield lab
     finally:
         wait_reported(os.path.join(workdir, "rg-cache"))
@@ -582,7 +605,7 @@ def kubelet_removal(lab: CriLab, cell: Cell, ctr: Container, pod: Pod, budget: f
     attempts = 0
     while True:
         attempts += 1
-        p = lab.crictl("rm", "-f", ctr.id, check=False)
+        p = lab.cri("rm", "-f", ctr.id, check=False)
         if p.returncode != 0:  # every failed attempt is kept, the last one too
             cell.notes.append(f"rm -f attempt {attempts} at {elapsed(start)} s: {p.stderr.strip()[-200:]}")
         if p.returncode == 0 or time.monotonic() - start > budget:
@@ -591,10 +614,10 @@ def kubelet_removal(lab: CriLab, cell: Cell, ctr: Container, pod: Pod, budget: f
     cell.timings["rm_f_s"] = elapsed(start)
     cell.timings["rm_f_attempts"] = attempts
     t = time.monotonic()
-    lab.crictl("stopp", pod.id, check=False)
+    lab.cri("stopp", pod.id, check=False)
     cell.timings["stopp_s"] = elapsed(t)
     t = time.monotonic()
-    lab.crictl("rmp", pod.id, check=False)
+    lab.cri("rmp", pod.id, check=False)
     cell.timings["rmp_s"] = elapsed(t)
     cell.after_removal = {
         "alive": len(ctr.pids()),
@@ -714,11 +737,11 @@ def path_b(
 
 
 def path_a(lab: CriLab, handler: str, pid_mode: str, release_after: float, scenario: str = "path-a") -> Cell:
-    """``crictl stop`` / ``rm`` / ``stopp`` / ``rmp`` while 2 children take ``release_after`` s to die.
+    """``stop`` / ``rm`` / ``stopp`` / ``rmp`` while 2 children take ``release_after`` s to die.
 
     The shim is alive: the CRI's exit handling deletes the task (the runtime's
-    ``delete``) and ``crictl stop`` returns once that is done. Measured right
-    after ``crictl rm``; the pod is then stopped and removed (timed too).
+    ``delete``) and ``StopContainer`` returns once that is done. Measured right
+    after ``rm``; the pod is then stopped and removed (timed too).
     """
     cell = Cell(scenario, handler, pid_mode)
     since = len(cl.guard_events(lab.settings, "delete"))
@@ -733,24 +756,24 @@ def path_a(lab: CriLab, handler: str, pid_mode: str, release_after: float, scena
         try:
             watch = ExitWatch(lab, ctr.id, start)
             timer.start()
-            stop = lab.crictl("stop", "-t", "0", ctr.id, check=False)
+            stop = lab.cri("stop", "-t", "0", ctr.id, check=False)
             cell.timings["stop_s"] = elapsed(start)
             if stop.returncode != 0:
-                cell.notes.append(f"crictl stop exited {stop.returncode}: {stop.stderr.strip()}")
+                cell.notes.append(f"stop exited {stop.returncode}: {stop.stderr.strip()}")
             cell.timings["exited_s"] = watch.wait(30)
             t = time.monotonic()
-            rm = lab.crictl("rm", ctr.id, check=False)
+            rm = lab.cri("rm", ctr.id, check=False)
             cell.timings["rm_s"] = elapsed(t)
             if rm.returncode != 0:
-                cell.notes.append(f"crictl rm exited {rm.returncode}: {rm.stderr.strip()}")
+                cell.notes.append(f"rm exited {rm.returncode}: {rm.stderr.strip()}")
             timer.join()
             wait_for(lambda: not ctr.pids(), 5)
             _collect(lab, cell, ctr, pod, since)
             t = time.monotonic()
-            lab.crictl("stopp", pod.id, check=False)
+            lab.cri("stopp", pod.id, check=False)
             cell.timings["stopp_s"] = elapsed(t)
             t = time.monotonic()
-            lab.crictl("rmp", pod.id, check=False)
+            lab.cri("rmp", pod.id, check=False)
             cell.timings["rmp_s"] = elapsed(t)
             # The sandbox only ends with the pod: count what its removal left.
             cell.sandbox_left = dirs_named(f"{pod.cgroup_parent}/{pod.id}")
@@ -764,18 +787,18 @@ def path_a(lab: CriLab, handler: str, pid_mode: str, release_after: float, scena
 
 
 #: containerd versions the CRI suite runs on, each with the runc it ships.
-VERSIONS = (cl.CONTAINERD_16, cl.CONTAINERD_22)
+VERSIONS = (cl.CONTAINERD_16, cl.CONTAINERD_17, cl.CONTAINERD_21)
 
 
 @contextlib.contextmanager
 def lab_for(version: str, factory: Any, **overrides: str) -> Iterator[CriLab]:
     """A CRI lab for ``version``; absent binaries fail under CI, skip elsewhere (labkit.prereq)."""
-    from labkit import prereq, runtimes
+    from labkit import prereq
 
     build = cl.require_build(version)
-    crictl = runtimes.require(runtimes.CRICTL)
+    stubs = require_stubs()
     prereq.require_none(missing_prerequisites(build))
-    with cri_lab_in(factory, f"rgcri{version.replace('.', '')}", build, crictl, **overrides) as lab:
+    with cri_lab_in(factory, f"rgcri{version.replace('.', '')}", build, stubs, **overrides) as lab:
         yield lab
 
 
@@ -856,7 +879,7 @@ def _running_steps(lab: CriLab, pod: Pod, ctr: Container, res: dict[str, Any]) -
     """ps, pods, exec variants, logs, stats, statsp, inspect(p), update on a running pod."""
 
     def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        return lab.crictl(*args, check=False, stdin=stdin)
+        return lab.cri(*args, check=False, stdin=stdin)
 
     p = run("ps", "-q", "--pod", pod.id)
     res["ps"] = (p.returncode, p.stdout.split() == [ctr.id])
@@ -870,11 +893,13 @@ def _running_steps(lab: CriLab, pod: Pod, ctr: Container, res: dict[str, Any]) -
     res["exec-sync"] = (p.returncode, p.stdout.strip())
     p = run("exec", ctr.id, "echo", "stream")
     res["exec-stream"] = (p.returncode, p.stdout.strip())
-    p = run("exec", "-i", ctr.id, "cat", stdin="from-stdin\n")
+    # The WebSocket exec stream (v4.channel.k8s.io) cannot close stdin: ``cat`` would never see
+    # EOF, so the step reads one line and ends by itself (crictl's SPDY half-closed it).
+    p = run("exec", "-i", ctr.id, "head", "-n1", stdin="from-stdin\n")
     res["exec-stdin"] = (p.returncode, p.stdout.strip())
     p = run("exec", ctr.id, "sh", "-c", "echo to-stderr >&2")
     res["exec-stderr"] = (p.returncode, "to-stderr" in p.stderr)
-    # crictl exits 1 and names the command's status on stderr.
+    # crictl (and labkit.cri_client) exits 1 and names the command's status on stderr.
     p = run("exec", ctr.id, "sh", "-c", "exit 3")
     res["exec-exit-code"] = (p.returncode, "exit code 3" in p.stderr)
     p = run("exec", "-s", ctr.id, "sh", "-c", "exit 4")
@@ -905,7 +930,7 @@ def _running_steps(lab: CriLab, pod: Pod, ctr: Container, res: dict[str, Any]) -
     )
     p = run("inspectp", pod.id)
     infop = _json(p) or {}
-    # 1.6 names the handler in info.runtimeHandler, 2.2 in the sandbox's metadata.
+    # 1.6 and 1.7 name the handler in info.runtimeHandler, 2.x in the sandbox's metadata.
     handler = infop.get("info", {}).get("runtimeHandler") or infop.get("info", {}).get(
         "sandboxMetadata", {}
     ).get("Metadata", {}).get("RuntimeHandler")
@@ -931,7 +956,7 @@ def _teardown_steps(
     """stop, rm, stopp, rmp, timed; and what each left."""
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return lab.crictl(*args, check=False)
+        return lab.cri(*args, check=False)
 
     t = time.monotonic()
     p = run("stop", "-t", "0", ctr.id)
@@ -963,7 +988,7 @@ def _teardown_steps(
 
 
 def rm_retry(lab: CriLab, handler: str, pid_mode: str, release_after: float, budget: float = 45.0) -> Cell:
-    """kubelet's removal: ``crictl rm -f`` every second until it succeeds, children dying slowly."""
+    """kubelet's removal: ``rm -f`` every second until it succeeds, children dying slowly."""
     cell = Cell("rm-retry", handler, pid_mode)
     since = len(cl.guard_events(lab.settings, "delete"))
     with lab.pod(handler, PID_MODES[pid_mode]) as pod:
@@ -977,7 +1002,7 @@ def rm_retry(lab: CriLab, handler: str, pid_mode: str, release_after: float, bud
             attempts = 0
             while True:
                 attempts += 1
-                p = lab.crictl("rm", "-f", ctr.id, check=False)
+                p = lab.cri("rm", "-f", ctr.id, check=False)
                 if p.returncode == 0:
                     break
                 cell.notes.append(f"attempt {attempts} at {elapsed(start)} s: {p.stderr.strip()[-300:]}")
