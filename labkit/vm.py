@@ -130,7 +130,8 @@ class Root:
 
 
 #: Install packages in a chroot of ROOT: proc/sys/dev for the maintainer scripts,
-#: in a private mount namespace so nothing outlives the build.
+#: in a private mount namespace so nothing outlives the build. sid's Release file can be
+#: past its Valid-Until as these machines see the clock (labkit.runtimes says the same).
 CHROOT_INSTALL = r"""
 set -eu
 root=$1; shift
@@ -138,15 +139,33 @@ mount -t proc proc "$root/proc"
 mount -t sysfs sys "$root/sys"
 mount --rbind /dev "$root/dev"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
-chroot "$root" apt-get update -qq
+chroot "$root" apt-get -o Acquire::Check-Valid-Until=false update -qq
 chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
 chroot "$root" apt-get clean
 rm -f "$root/etc/resolv.conf"
 """
 
+#: The guest's Debian: 12 (bookworm, kernel 6.1, containerd 1.6.20, runc 1.1.5; the hybrid
+#: layout too) or sid, the modern node (issue 41): kernel 7.x, systemd 26x, containerd 2.1,
+#: runc 1.3 and crun 1.28 as Debian installs them, pure cgroup v2 only (systemd >= 258 has no v1).
+BOOKWORM, SID = "bookworm", "sid"
+NODES = (BOOKWORM, SID)
+#: The sid node's packages beyond ``debootstrap --variant=minbase sid`` (Debian 12's debootstrap
+#: fails with the kernel in ``--include``: they go in by apt in a chroot): the node, runc-guard's
+#: .deb dependencies, and labkit.cri_client's.
+SID_PACKAGES = (
+    "systemd", "systemd-sysv", "dbus", "udev", "linux-image-amd64", "initramfs-tools",
+    "containerd", "runc", "crun", "busybox-static",
+    "python3", "python3-psutil", "python3-tenacity", "python3-structlog", "python3-click", "python3-tomlkit",
+    "python3-prometheus-client", "python3-grpcio", "python3-protobuf", "python3-grpc-tools",
+)  # fmt: skip
 
-def ensure_root(cache_root: str = CACHE_ROOT) -> Root:
-    """The kernel root: the nspawn lab's cached root plus the kernel packages, built once."""
+
+def ensure_root(cache_root: str = CACHE_ROOT, node: str = BOOKWORM) -> Root:
+    """The kernel root of ``node``, built once: for bookworm the nspawn lab's cached root plus
+    the kernel packages, for sid a root of its own (:func:`_ensure_sid_root`)."""
+    if node == SID:
+        return _ensure_sid_root(cache_root)
     base = sd.ensure_image()
     key = _key(sd.image_key(), ",".join(KERNEL_PACKAGES))
     target = os.path.join(cache_root, f"root-{key}")
@@ -174,6 +193,42 @@ def ensure_root(cache_root: str = CACHE_ROOT) -> Root:
     build_s = time.monotonic() - started
     with open(os.path.join(partial, "built.json"), "w") as f:
         json.dump({"build_s": round(build_s, 1), "packages": list(KERNEL_PACKAGES), "base": base.path}, f)
+    try:
+        os.rename(partial, target)
+    except OSError:  # another session built it first
+        shutil.rmtree(partial, ignore_errors=True)
+    return Root(os.path.join(target, "root"), key, build_s, build_s)
+
+
+def _ensure_sid_root(cache_root: str) -> Root:
+    """``debootstrap --variant=minbase sid``, then SID_PACKAGES by apt in a chroot; keyed by the
+    package list like the bookworm root (sid moves daily: remove the root to take today's)."""
+    key = _key(SID, ",".join(SID_PACKAGES))
+    target = os.path.join(cache_root, f"root-{SID}-{key}")
+    stamp = os.path.join(target, "built.json")
+    if os.path.exists(stamp):
+        with open(stamp) as f:
+            return Root(os.path.join(target, "root"), key, None, float(json.load(f)["build_s"]))
+    os.makedirs(cache_root, exist_ok=True)
+    partial = f"{target}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    started = time.monotonic()
+    root = os.path.join(partial, "root")
+    log = os.path.join(partial, "build.log")
+    try:
+        _run_logged([sd.DEBOOTSTRAP, "--variant=minbase", SID, root, sd.MIRROR], log, 1800)
+        _run_logged(
+            [UNSHARE, "-m", "--propagation", "private", "sh", "-c", CHROOT_INSTALL, "install", root,
+             *SID_PACKAGES],
+            log, 2400,
+        )  # fmt: skip
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    build_s = time.monotonic() - started
+    with open(os.path.join(partial, "built.json"), "w") as f:
+        json.dump({"build_s": round(build_s, 1), "packages": list(SID_PACKAGES), "suite": SID}, f)
     try:
         os.rename(partial, target)
     except OSError:  # another session built it first
@@ -279,6 +334,8 @@ class Disk:
     root: Root
     #: labkit.runtimes' binaries in the guest (:func:`guest_runtimes`), None when the disk has none.
     runtimes: GuestRuntimes | None
+    #: BOOKWORM or SID.
+    node: str = BOOKWORM
 
 
 DISK_SCRIPT = r"""
@@ -310,10 +367,13 @@ mkfs.ext4 -q -F -L rgroot -d "$m" "$img" "$size"
 """
 
 
-def ensure_disk(cache_root: str = CACHE_ROOT) -> Disk:
-    """The bootable disk for this checkout: cached by root, runtimes, .deb and guest unit."""
-    root = ensure_root(cache_root)
-    found = guest_runtimes()
+def ensure_disk(cache_root: str = CACHE_ROOT, node: str = BOOKWORM) -> Disk:
+    """The bootable disk of ``node`` for this checkout: cached by root, runtimes, .deb and guest unit.
+
+    sid's runc, crun and containerd are its own packages: only bookworm gets labkit.runtimes'.
+    """
+    root = ensure_root(cache_root, node)
+    found = guest_runtimes() if node == BOOKWORM else None
     scratch = os.path.join(cache_root, f"deb-{os.getpid()}-{unique('b')}")
     os.makedirs(scratch)
     try:
@@ -327,7 +387,7 @@ def ensure_disk(cache_root: str = CACHE_ROOT) -> Disk:
         if os.path.exists(stamp):
             with open(stamp) as f:
                 recorded = float(json.load(f)["build_s"])
-            return _disk(target, key, None, recorded, root, found)
+            return _disk(target, key, None, recorded, root, found, node)
         partial = f"{target}.partial-{os.getpid()}"
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
@@ -345,7 +405,7 @@ def ensure_disk(cache_root: str = CACHE_ROOT) -> Disk:
         except OSError:
             shutil.rmtree(partial, ignore_errors=True)
         _prune(cache_root, keep=target)
-        return _disk(target, key, build_s, build_s, root, found)
+        return _disk(target, key, build_s, build_s, root, found, node)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -378,11 +438,12 @@ def _build_disk(
 
 
 def _disk(
-    target: str, key: str, build_s: float | None, recorded: float, root: Root, rt: GuestRuntimes | None
+    target: str, key: str, build_s: float | None, recorded: float, root: Root, rt: GuestRuntimes | None,
+    node: str,
 ) -> Disk:
     return Disk(
         os.path.join(target, "disk.img"), os.path.join(target, "vmlinuz"), os.path.join(target, "initrd.img"),
-        key, build_s, recorded, root, rt,
+        key, build_s, recorded, root, rt, node,
     )  # fmt: skip
 
 
@@ -616,9 +677,12 @@ def booted_vm(
     smp: int | None = None,
     memory_mb: int = 2048,
     boot_timeout: float = 240,
+    node: str = BOOKWORM,
 ) -> Iterator[VM]:
     """Boot the VM, wait until its agent answers and systemd is up; always power it off."""
-    disk = disk or ensure_disk()
+    if node == SID and layout != UNIFIED:
+        raise ValueError("sid's systemd (>= 258) boots cgroup v2 only")
+    disk = disk or ensure_disk(node=node)
     with contextlib.suppress(OSError), open(os.path.join(os.path.dirname(disk.image), "used"), "w"):
         pass
     name = unique(f"rgvm-{layout}")
@@ -676,25 +740,33 @@ def _wait_agent(vm: VM, deadline: float) -> None:
 
 
 def main() -> None:
-    """``python -m labkit.vm [build]``: build (or find) the cached disk, then boot it once."""
+    """``python -m labkit.vm [build] [unified|hybrid] [bookworm|sid]``: build (or find) the cached
+    disk, then boot it once and print the node's kernel, cgroups and runtimes."""
     import sys
     import tempfile
 
+    words = sys.argv[1:]
+    node = next((w for w in words if w in NODES), BOOKWORM)
+    layout = next((w for w in words if w in LAYOUTS), UNIFIED)
     t = time.monotonic()
-    disk = ensure_disk()
+    disk = ensure_disk(node=node)
     root = disk.root
     print(
-        f"root {root.path} ({root.recorded_build_s:.1f} s{', cached' if root.build_s is None else ''}); "
+        f"{node}: root {root.path} "
+        f"({root.recorded_build_s:.1f} s{', cached' if root.build_s is None else ''}); "
         f"disk {disk.image} ({disk.recorded_build_s:.1f} s{', cached' if disk.build_s is None else ''}); "
         f"{time.monotonic() - t:.1f} s here"
     )
-    if sys.argv[1:] == ["build"]:
+    if "build" in words:
         return
-    layout = sys.argv[1] if sys.argv[1:] else UNIFIED
-    with tempfile.TemporaryDirectory(prefix="rgvm-") as tmp, booted_vm(tmp, layout) as vm:
+    with tempfile.TemporaryDirectory(prefix="rgvm-") as tmp, booted_vm(tmp, layout, node=node) as vm:
         print(f"booted {vm.name} in {vm.boot_s:.1f} s (smp {vm.smp})")
-        probe = "uname -r; stat -fc %T /sys/fs/cgroup; cat /sys/fs/cgroup/cgroup.controllers"
-        print(vm.run("sh", "-c", probe).stdout)
+        probe = (
+            "uname -r; stat -fc %T /sys/fs/cgroup; cat /sys/fs/cgroup/cgroup.controllers; "
+            "systemctl --version | head -1; containerd --version; runc --version | head -1; "
+            "crun --version 2>/dev/null | head -1; python3 --version"
+        )
+        print(vm.run("sh", "-c", probe, check=False).stdout)
         t = time.monotonic()
         vm.run("true")
         print(f"agent round trip {time.monotonic() - t:.3f} s")

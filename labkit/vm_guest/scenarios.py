@@ -1,7 +1,11 @@
-"""Inside the VM: CRI scenarios through crictl, the way kubelet drives containerd.
+"""Inside the VM: CRI scenarios through labkit.cri_client, the way kubelet drives containerd.
 
 Run by the host through the agent (``python3 scenarios.py NAME HANDLERS ARGS``);
-prints one JSON line. Standard library only (the guest's python3). Pods use the
+prints one JSON line. The guest's python3 with the standard library, and the
+CRI client from the share with the stubs setup.py compiled (one process makes
+every call: a client process per call would cost 1.5-2.5 s of TCG each to
+import grpc and the stubs, where crictl's Go binary started in a fraction of
+that). Pods use the
 systemd cgroup driver (every container is ``cri-containerd-<id>.scope`` in the
 pod's ``kubepods-burstable-pod<uid>.slice``), or with setup.py's ``*-fs`` handlers
 the cgroupfs driver (``/kubepods/burstable/pod<uid>/<id>``), and host networking
@@ -35,6 +39,7 @@ waits for a ``go`` file on its volume, written after the limit.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -44,7 +49,12 @@ import time
 import uuid
 from typing import Any
 
-CRICTL = "/opt/rg/runtimes/crictl"
+#: setup.py's: labkit.cri_client in the share, the stubs it compiled, containerd's CRI socket.
+CRI_CLIENT = "/opt/rg/share/py"
+CRI_STUBS = "/var/lib/rgvm/cri-stubs/current"
+ENDPOINT = "unix:///run/containerd/containerd.sock"
+#: Seconds a CRI call may take: TCG plus a dead shim's cleanup (containerd's 5 s per delete).
+CRI_TIMEOUT = 180.0
 BUSYBOX_IMAGE = "docker.io/runc-guard-test/busybox:1"
 CGROUP = "/sys/fs/cgroup"
 UNIFIED, HYBRID = "unified", "hybrid"
@@ -77,16 +87,29 @@ def sh(*argv: str, check: bool = True, timeout: float = 120) -> subprocess.Compl
     return proc
 
 
-def crictl(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return sh(CRICTL, *args, check=check, timeout=timeout)
+@functools.cache
+def cri() -> Any:
+    """The process's one CRI client (a gRPC channel is safe to share between the handlers' threads)."""
+    sys.path.insert(0, CRI_CLIENT)
+    from labkit import cri_client
+
+    return cri_client.Cri(ENDPOINT, CRI_STUBS, timeout=CRI_TIMEOUT)
 
 
-def write_json(name: str, body: dict[str, object]) -> str:
-    os.makedirs(WORK, exist_ok=True)
-    path = os.path.join(WORK, name)
-    with open(path, "w") as f:
-        json.dump(body, f)
-    return path
+def cri_errors() -> tuple[type[Exception], ...]:
+    """What a CRI call that kubelet would retry raises (labkit.cri_client.CriError)."""
+    from labkit import cri_client
+
+    return (cri_client.CriError,)
+
+
+def attempt(call: Any, *args: Any, **kwargs: Any) -> bool:
+    """``call(*args)``, True when it succeeded, False on the CRI's error (kubelet retries those)."""
+    try:
+        call(*args, **kwargs)
+    except cri_errors():
+        return False
+    return True
 
 
 class Pod:
@@ -103,13 +126,13 @@ class Pod:
                       else f"kubepods-burstable-pod{self.uid.replace('-', '_')}.slice")  # fmt: skip
         logs = os.path.join(WORK, "logs", self.name)
         os.makedirs(logs, exist_ok=True)
-        self.config = write_json(f"{self.name}-pod.json", {
+        self.config: dict[str, Any] = {
             "metadata": {"name": self.name, "namespace": "rgvm", "uid": self.uid, "attempt": 0},
             "log_directory": logs,
             "linux": {"cgroup_parent": self.slice,
                       "security_context": {"namespace_options": {"network": NODE, "pid": self.pid}}},
-        })  # fmt: skip
-        self.id = crictl("runp", "--runtime", handler, self.config).stdout.strip()
+        }  # fmt: skip
+        self.id: str = cri().run_pod(self.config, handler)
         #: container id -> its hostPath volume on the data disk (host side)
         self.volumes: dict[str, str] = {}
 
@@ -139,7 +162,7 @@ class Pod:
             mounts.append({"container_path": "/data", "host_path": host})
         elif volume:
             mounts.append({"container_path": "/data", "host_path": volume})
-        config = write_json(f"{unique}.json", {
+        config = {
             "metadata": {"name": name, "attempt": attempt},
             "image": {"image": BUSYBOX_IMAGE},
             "command": command,
@@ -147,16 +170,17 @@ class Pod:
             "mounts": mounts,
             "linux": {"resources": resources,
                       "security_context": {"namespace_options": {"network": NODE, "pid": self.pid}}},
-        })  # fmt: skip
-        cid = crictl("create", self.id, config, self.config).stdout.strip()
+        }  # fmt: skip
+        cid: str = cri().create_container(self.id, config, self.config)
         if data:
             self.volumes[cid] = host
-        crictl("start", cid)
+        cri().start_container(cid)
         return cid
 
     def remove(self) -> None:
-        crictl("stopp", self.id, check=False, timeout=180)
-        crictl("rmp", "-f", self.id, check=False, timeout=180)
+        """kubelet's ``StopPodSandbox`` then ``RemovePodSandbox``; either may fail once it is gone."""
+        attempt(cri().stop_pod, self.id)
+        attempt(cri().remove_pod, self.id)
         if not self.cgroupfs:
             sh("systemctl", "reset-failed", self.slice, check=False)
             return
@@ -334,7 +358,7 @@ def start_held(pod: Pod) -> tuple[str, int, str]:
 
 
 def init_and_shim(cid: str) -> tuple[int, int]:
-    init = int(json.loads(crictl("inspect", cid).stdout)["info"]["pid"])
+    init = int(cri().container_status(cid)["info"]["pid"])
     with open(f"/proc/{init}/stat") as f:
         return init, int(f.read().rsplit(")", 1)[1].split()[1])
 
@@ -353,16 +377,16 @@ def cleanup_over(cid: str) -> bool:
 
 
 def kubelet_rm(cid: str, attempts: int = 30) -> int:
-    """``crictl rm`` until it succeeds, 1 s apart, as kubelet retries; the attempts it took (0: never)."""
-    for attempt in range(1, attempts + 1):
-        if crictl("rm", cid, check=False, timeout=180).returncode == 0:
-            return attempt
+    """``RemoveContainer`` until it succeeds, 1 s apart, as kubelet retries; the attempts taken (0: never)."""
+    for n in range(1, attempts + 1):
+        if attempt(cri().remove_container, cid):
+            return n
         time.sleep(1)
     return 0
 
 
 def teardown(handler: str, path: str, pid: str) -> dict[str, object]:
-    """Path A (``crictl stop``) or B (init and shim SIGKILLed) while a process sleeps in throttled I/O.
+    """Path A (``StopContainer``) or B (init and shim SIGKILLed) while a process sleeps in throttled I/O.
 
     ``b+sibling``: the pod also has a sibling container (two sleepers) that shares the dead shim.
     Counted once containerd's own handling is over, then after kubelet's removal.
@@ -382,9 +406,9 @@ def teardown(handler: str, path: str, pid: str) -> dict[str, object]:
         init, shim = init_and_shim(cid)
         killed = time.monotonic()
         if path == "a":
-            stop = crictl("stop", "-t", "0", cid, check=False, timeout=180)
+            stopped = attempt(cri().stop_container, cid, 0)
             result["stop_s"] = round(time.monotonic() - killed, 2)
-            result["stop_rc"] = stop.returncode
+            result["stop_rc"] = 0 if stopped else 1
         else:
             os.kill(init, 9)
             os.kill(shim, 9)
@@ -467,8 +491,10 @@ class DyingSampler(threading.Thread):
 
     def sample(self) -> dict[str, object]:
         current = read(os.path.join(self.pod.slice_dir, "memory.current"))
-        row = {"t": round(time.monotonic() - self.started, 1), "pod": dying(self.pod.slice_dir),
-               "root": dying(CGROUP), "pod_kb": int(current) >> 10 if current.isdigit() else None}
+        row: dict[str, object] = {
+            "t": round(time.monotonic() - self.started, 1), "pod": dying(self.pod.slice_dir),
+            "root": dying(CGROUP), "pod_kb": int(current) >> 10 if current.isdigit() else None,
+        }  # fmt: skip
         self.samples.append(row)
         return row
 
@@ -546,23 +572,23 @@ def crash_loop(
 
             def exited(cid: str = cid) -> bool:
                 nonlocal status
-                out = crictl("inspect", cid, check=False)
-                if out.returncode != 0:
+                try:
+                    status = cri().container_status(cid, verbose=False)["status"]
+                except cri_errors():
                     return False
-                status = json.loads(out.stdout)["status"]
                 return status.get("state") == "CONTAINER_EXITED"
 
-            # kubelet's PLEG relists every second; polling crictl faster only takes the
+            # kubelet's PLEG relists every second; polling the CRI faster only takes the
             # one vCPU away from the container being watched.
             wait_for(exited, 120, 1.0)
             reason = f"{status.get('reason')}/{status.get('exitCode')}"
             reasons[reason] = reasons.get(reason, 0) + 1
             if previous:
-                crictl("rm", previous, check=False)
+                attempt(cri().remove_container, previous)
             previous = cid
             time.sleep(backoff)
         if previous:
-            crictl("rm", previous, check=False)
+            attempt(cri().remove_container, previous)
         loop_s = time.monotonic() - started
         end = sampler.sample()
         time.sleep(SETTLE if mib else 3)  # the OOM loop's 3 s: the suite's cell counts no dying cgroups
