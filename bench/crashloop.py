@@ -3,8 +3,8 @@
 KEP-5593 (beta in Kubernetes 1.35) lets kubelet restart a crashing container after
 1 s instead of backing off to 5 minutes: one OOM-looping pod is then a delete per
 second, for hours. This bench plays kubelet against the CRI lab (``labkit.cri``: a
-private containerd, crictl, a ``stock`` and a ``runc-guard`` handler over the same
-runc), both handlers at once, same seed, so both see the same noise:
+private containerd, our CRI client, a ``stock`` and a ``runc-guard`` handler over the
+same runc), both handlers at once, same seed, so both see the same noise:
 
 - per handler, ``--pods`` host-PID pods; in each, a container whose init has 3
   children (``labkit.containerd.sleepers_command``);
@@ -13,8 +13,8 @@ runc), both handlers at once, same seed, so both see the same noise:
   task), the hold thawed and its processes killed after a delay drawn from
   0.3-3 s (one seeded sequence per pod index, the same for both handlers);
 - kubelet's loop at the back-off floor: wait until CRI reports the container
-  EXITED, sleep 1 s, ``crictl create`` + ``start`` the next attempt, then
-  ``crictl rm`` the previous one; for ``--minutes``.
+  EXITED, sleep 1 s, ``create`` + ``start`` the next attempt, then
+  ``rm`` the previous one; for ``--minutes``.
 
 Every ``--sample`` seconds: per handler the container cgroup directories, runtime
 states and runc-guard pending records left by removed attempts; runc-guard's own
@@ -25,9 +25,9 @@ CRI reported a crashed container RUNNING, and runc-guard's CPU per delete (its
 own, from its stats lines). ``--plot PATH`` draws the samples (bench.plots,
 matplotlib: ``pip install '.[bench]'``); ``--json PATH`` keeps them.
 
-Run as root: ``python -m bench.crashloop [--pods 10] [--minutes 10] [--containerd 2.2]``
-(``RUNC_GUARD_TEST_RUNTIMES`` for containerd 2.2.2 + runc 1.3.4; ``--containerd 1.6``
-is Debian's 1.6.20 + runc 1.1.5).
+Run as root: ``python -m bench.crashloop [--pods 10] [--minutes 10] [--containerd 2.1]``
+(1.7.24 and 2.1.9 come with sid's runc 1.3.6 from Debian's archive, ``labkit.runtimes``;
+``--containerd 1.6`` is Debian 12's 1.6.20 + runc 1.1.5).
 """
 
 from __future__ import annotations
@@ -98,10 +98,10 @@ class PodLoop:
 
 
 class CriStates(threading.Thread):
-    """Every container's CRI state from one ``crictl ps -a`` every ``interval`` s.
+    """Every container's CRI state from one ``ps -a`` (ListContainers) every ``interval`` s.
 
     kubelet's PLEG relists the same way; one poller for all pods keeps the
-    bench's own crictl calls from becoming the load it measures.
+    bench's own CRI calls from becoming the load it measures.
     """
 
     def __init__(self, lab: cr.CriLab, interval: float = 0.25) -> None:
@@ -113,8 +113,8 @@ class CriStates(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set():
             # A relist that times out or prints no JSON (containerd busy) is skipped, not fatal.
-            with contextlib.suppress(ValueError, subprocess.TimeoutExpired):
-                proc = self.lab.crictl("ps", "-a", "-o", "json", check=False, timeout=60)
+            with contextlib.suppress(ValueError):
+                proc = self.lab.cri("ps", "-a", "-o", "json", check=False, timeout=60)
                 listed = json.loads(proc.stdout).get("containers", [])
                 self.states = {c["id"]: c["state"] for c in listed}
             self.stop.wait(self.interval)
@@ -129,7 +129,7 @@ def runc_state_dir(lab: cr.CriLab) -> str:
 
 
 def init_pid(lab: cr.CriLab, cid: str) -> int:
-    """The container's init from runc's state.json: no crictl call per crash."""
+    """The container's init from runc's state.json: no CRI call per crash."""
     with open(os.path.join(lab.containerd.runc_state(cr.K8S_NS, cid), "state.json")) as f:
         return int(json.load(f)["init_process_pid"])
 
@@ -139,7 +139,7 @@ def container_procs(pod: cr.Pod, cid: str) -> list[int]:
 
 
 def create_attempt(lab: cr.CriLab, loop: PodLoop, attempt: int) -> tuple[str, str | None]:
-    """``crictl create`` + ``start`` of attempt ``attempt`` (same name, as kubelet restarts).
+    """``create`` + ``start`` of attempt ``attempt`` (same name, as kubelet restarts).
 
     Returns the container's id and why its start failed (None: it runs). Raises
     RuntimeError when even the create failed.
@@ -157,10 +157,10 @@ def create_attempt(lab: cr.CriLab, loop: PodLoop, attempt: int) -> tuple[str, st
             },
         },
     )
-    cid = lab.crictl("create", loop.pod.id, config, loop.pod.config_path).stdout.strip()
+    cid = lab.cri("create", loop.pod.id, config, loop.pod.config_path).stdout.strip()
     loop.attempts.append(cid)
-    start = lab.crictl("start", cid, check=False)
-    return cid, None if start.returncode == 0 else f"crictl start failed: {start.stderr.strip()[-300:]}"
+    start = lab.cri("start", cid, check=False)
+    return cid, None if start.returncode == 0 else f"start failed: {start.stderr.strip()[-300:]}"
 
 
 def crash(lab: cr.CriLab, loop: PodLoop, cid: str, delay: float, holds: list[FreezerHold]) -> float:
@@ -199,7 +199,7 @@ def run_loop(lab: cr.CriLab, loop: PodLoop, states: CriStates, until: float,
         previous = cid
         try:
             cid, failed = create_attempt(lab, loop, attempt)
-        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        except RuntimeError as exc:
             cid, failed = None, str(exc)
         if previous is not None:
             remove(lab, loop, previous)
@@ -226,12 +226,8 @@ def run_loop(lab: cr.CriLab, loop: PodLoop, states: CriStates, until: float,
 
 
 def remove(lab: cr.CriLab, loop: PodLoop, cid: str) -> None:
-    """kubelet's garbage collection of a dead attempt: ``crictl rm`` (``-f`` if it still runs)."""
-    try:
-        proc = lab.crictl("rm", "-f", cid, check=False, timeout=60)
-    except subprocess.TimeoutExpired:
-        loop.errors.append(f"rm {cid[:12]}: crictl timed out")
-        return
+    """kubelet's garbage collection of a dead attempt: ``rm`` (``-f`` if it still runs)."""
+    proc = lab.cri("rm", "-f", cid, check=False, timeout=60)
     if proc.returncode == 0:
         loop.removed.append(cid)
     else:
@@ -573,24 +569,32 @@ def node_overrides(finish_window: str | None = None) -> dict[str, str]:
 @contextlib.contextmanager
 def lab_in(workdir: str, containerd: str, runc: str | None, **overrides: str) -> Iterator[cr.CriLab]:
     """A CRI lab for containerd ``containerd`` (runc ``runc``, default its own) in ``workdir``."""
-    from labkit import runtimes
-
     build = cl.find_build(containerd)
     if build is None:
-        raise SystemExit(f"containerd {containerd} not found: set RUNC_GUARD_TEST_RUNTIMES")
+        raise SystemExit(f"containerd {containerd}: not fetched from Debian's archive (labkit.runtimes)")
     if runc is not None:
         path = cl.runc_binary(runc)
         if path is None:
-            raise SystemExit(f"runc {runc} not found: set RUNC_GUARD_TEST_RUNTIMES")
+            raise SystemExit(f"runc {runc}: not fetched from Debian's archive (labkit.runtimes)")
         build = cl.Build(build.name, build.containerd, build.ctr, build.config_version, build.bin_dir, path)
-    crictl = runtimes.find(runtimes.CRICTL)
-    if crictl is None:
-        raise SystemExit("crictl not found: set RUNC_GUARD_TEST_RUNTIMES")
+    stubs = cr.find_stubs()
     why = cr.missing_prerequisites(build)
     if why:
         raise SystemExit(why)
-    with cr.cri_lab(workdir, build, crictl, **overrides) as lab:
+    with cr.cri_lab(workdir, build, stubs, **overrides) as lab:
         yield lab
+
+
+#: What ``--containerd`` and ``--runc`` take (labkit.containerd's builds and runc series).
+CONTAINERDS = (cl.CONTAINERD_16, cl.CONTAINERD_17, cl.CONTAINERD_21)
+RUNCS = (cl.RUNC_1_1, cl.RUNC_1_3)
+
+
+def runc_version(runc: str) -> str:
+    """``runc --version``'s version (``1.3.6``), for the report's labels; ``?`` when it does not say."""
+    out = subprocess.run([runc, "--version"], capture_output=True, text=True, check=False, timeout=30).stdout
+    found = re.search(r"runc version (\S+)", out)
+    return found.group(1) if found else "?"
 
 
 def main() -> int:
@@ -598,9 +602,9 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pods", type=int, default=10, help="crash-looping pods per handler")
     parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--containerd", choices=["1.6", "2.2", "2.3"], default="2.2")
-    parser.add_argument("--runc", choices=["1.1.5", "1.3.4", "1.5.1"], default=None,
-                        help="default: the containerd build's own (1.6: 1.1.5, 2.x: 1.3.4)")
+    parser.add_argument("--containerd", choices=CONTAINERDS, default=cl.CONTAINERD_21)
+    parser.add_argument("--runc", choices=RUNCS, default=None,
+                        help="default: the containerd build's own (1.6: 1.1.5, 1.7 and 2.1: 1.3.6)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--settle", type=float, default=60.0, help="seconds to wait, then count again")
     parser.add_argument("--sample", type=float, default=2.0, help="seconds between samples")
@@ -625,14 +629,14 @@ def main() -> int:
     workdir = args.workdir or tempfile.mkdtemp(prefix="rgloop-")
     try:
         with lab_in(workdir, args.containerd, args.runc, **overrides) as lab:
-            runc_version = args.runc or ("1.1.5" if args.containerd == "1.6" else "1.3.4")
+            runc = runc_version(lab.runc)
             result = crash_loops(lab, args.pods, args.minutes * 60, seed, args.settle, args.sample,
                                  pid_mode=cr.PID_MODES[args.pid_mode], progress=True)
             title = (f"Crash loop: {args.pods} pods per handler, {args.minutes:g} min, containerd "
-                     f"{args.containerd} + runc {runc_version}, teardowns {TEARDOWN[0]}-{TEARDOWN[1]} s, "
+                     f"{args.containerd} + runc {runc}, teardowns {TEARDOWN[0]}-{TEARDOWN[1]} s, "
                      f"finish_window {args.finish_window or 'default'} (seed {seed})")
             report(result, title)
-            labels = {cr.STOCK_HANDLER: f"stock runc {runc_version}", cr.GUARD_HANDLER: "runc-guard"}
+            labels = {cr.STOCK_HANDLER: f"stock runc {runc}", cr.GUARD_HANDLER: "runc-guard"}
             doc = dump(result, title, labels, args.minutes * 60)
             if args.json:
                 with open(args.json, "w") as f:

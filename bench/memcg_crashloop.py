@@ -23,7 +23,7 @@ the pods, and how the deletes ended (containerd's failed task deletes; for
 runc-guard its stats lines' outcomes and what it reclaimed).
 
 Run as root, on a quiet machine: ``python -m bench.memcg_crashloop [--minutes 10]
-[--pods 1] [--mib 1] [--containerd 1.6]`` (2.2 needs ``RUNC_GUARD_TEST_RUNTIMES``).
+[--pods 1] [--mib 1] [--containerd 1.6]`` (1.7 and 2.1 come from Debian's archive, ``labkit.runtimes``).
 """
 
 from __future__ import annotations
@@ -177,9 +177,9 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=1, help="crash-looping pods per handler")
     parser.add_argument("--minutes", type=float, default=10.0, help="per handler")
     parser.add_argument("--mib", type=int, default=1, help="appended to the emptyDir by each attempt")
-    parser.add_argument("--containerd", choices=["1.6", "2.2", "2.3"], default="1.6")
-    parser.add_argument("--runc", choices=["1.1.5", "1.3.4", "1.5.1"], default=None,
-                        help="default: the containerd build's own (1.6: 1.1.5, 2.x: 1.3.4)")
+    parser.add_argument("--containerd", choices=loopbench.CONTAINERDS, default=cl.CONTAINERD_16)
+    parser.add_argument("--runc", choices=loopbench.RUNCS, default=None,
+                        help="default: the containerd build's own (1.6: 1.1.5, 1.7 and 2.1: 1.3.6)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--settle", type=float, default=15.0,
                         help="seconds after the last delete, count again")
@@ -193,14 +193,14 @@ def main() -> int:
                  "(bench.vm_crashloop is the v2 case)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
-    runc_version = args.runc or ("1.1.5" if args.containerd == "1.6" else "1.3.4")
-    labels = {cr.STOCK_HANDLER: f"stock runc {runc_version}", cr.GUARD_HANDLER: "runc-guard"}
     workdir = tempfile.mkdtemp(prefix="rgmemloop-")
     # On disk, not /tmp: a tmpfs page is shmem, which no reclaim frees without swap.
     volumes = tempfile.mkdtemp(prefix="rgmemloop-emptydir-", dir="/var/tmp")
     runs: dict[str, dict[str, Any]] = {}
     try:
         with loopbench.lab_in(workdir, args.containerd, args.runc, **loopbench.node_overrides()) as lab:
+            runc_version = loopbench.runc_version(lab.runc)
+            labels = {cr.STOCK_HANDLER: f"stock runc {runc_version}", cr.GUARD_HANDLER: "runc-guard"}
             for handler, label in labels.items():  # one after the other: the count is node-wide
                 if not args.no_drop_caches:
                     drop_page_cache(3)

@@ -1,11 +1,12 @@
-"""A fast crash loop through crictl (issue 23): kubelet restarting a crashing container every second.
+"""A fast crash loop through the CRI (issue 23): kubelet restarting a crashing container every second.
 
 KEP-5593 lets kubelet restart a crashing container after 1 s: one OOM-looping pod is
 then a delete per second. ``bench.crashloop`` plays kubelet at that floor against the
 CRI lab's default containerd (Debian's 1.6.20 + runc 1.1.5), for a stock and a
 runc-guard handler at once with the same seeded teardowns (each container's last
 processes die 0.3-3 s after its init, from a freezer hold). The full-size figures
-(10 pods, 10 minutes, containerd 2.2.2 + runc 1.3.4 too) are in docs/crashloop.md.
+(10 pods, 10 minutes, containerd 2.2.2 + runc 1.3.4 too, measured with crictl before it
+left the project) are in docs/crashloop.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""CRI Path B (dead shim) through crictl: stock runc leaks, runc-guard leaves nothing.
+"""CRI Path B (dead shim): stock runc leaks, runc-guard leaves nothing.
 
 A container whose init has 3 children, 2 of them held in a frozen freezer; the
 pod's shim and the container's init are SIGKILLed, the held children die later.
 Each cell runs through the ``stock`` handler (the control) and the ``runc-guard``
 handler of one containerd at once, in PID modes container / pod / node, on
-containerd 1.6.20 + runc 1.1.5 and 2.2.2 + runc 1.3.4. Known failures (KNOWN_GAPS)
+containerd 1.6.20 + runc 1.1.5, 1.7.24 + runc 1.3.6 and 2.1.9 + runc 1.3.6. Known failures (KNOWN_GAPS)
 are xfail with the observed reason; they still run and keep their assertions.
 """
 
