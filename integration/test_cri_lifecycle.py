@@ -48,8 +48,9 @@ EXPECTED = {
 #: The retry scenario: children take this long, past runc-guard's budget under the serving shim.
 RETRY_RELEASE = 2.5 + SERVING_SHIM_DELETE_TIMEOUT + 1.5
 #: Where stock runc leaks in the retry scenario (host PID, ~11 s teardown): containerd 1.6
-#: deletes ~2.2 s after the stop, runc 1.1.5 exits 0 and leaves the dirs; containerd 2.2's
-#: shim waits for every process before it reports the exit, so the delete finds them gone.
+#: deletes ~2.2 s after the stop, runc 1.1.5 exits 0 and leaves the dirs; the shims of
+#: containerd 1.7 and 2.1 wait for every process before they report the exit, so the delete
+#: finds them gone (measured 2026-12-07 with runc 1.3.6).
 RETRY_STOCK_LEAKS = {cl.CONTAINERD_16}
 #: What fails today (observed), by containerd version: none at the moment.
 QUIET_GAP: dict[str, str] = {}
