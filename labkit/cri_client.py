@@ -16,8 +16,10 @@ Stubs
 -----
 ``generate_stubs(proto)`` compiles ``api.proto`` with grpc_tools into
 ``/var/tmp/runc-guard-cri-stubs/<key>/api_pb2.py`` and ``api_pb2_grpc.py`` (key:
-the proto's sha256, grpc_tools' and protobuf's versions), atomically (two
-pytest-xdist workers may generate at once); nothing generated is ever committed.
+the proto's sha256, the recipe, grpc_tools' and protobuf's versions), atomically
+(two pytest-xdist workers may generate at once); nothing generated is ever
+committed. The recipe drops the proto's ``[debug_redact = true]`` options, which
+Debian 12's protoc (3.21) rejects and which change nothing on the wire.
 ``find_stubs(stubs, proto)`` picks a stubs directory: the argument, else
 ``$RUNC_GUARD_CRI_STUBS``, else stubs generated from ``proto`` or
 ``$RUNC_GUARD_CRI_PROTO``.
@@ -176,6 +178,10 @@ def _version_of(distribution: str, module: str) -> str:
     return str(getattr(imported, "__version__", "unknown"))
 
 
+#: How generate_stubs edits the proto before compiling it: a new recipe gets new stubs.
+_RECIPE = "r2"
+
+
 def stubs_key(proto: str) -> str:
     """The cache key of ``proto``'s stubs: its sha256 and the generator's and runtime's versions.
 
@@ -186,7 +192,19 @@ def stubs_key(proto: str) -> str:
         digest = hashlib.sha256(f.read()).hexdigest()[:24]
     tools = _version_of("grpcio-tools", "grpc_tools")
     protobuf = _version_of("protobuf", "google.protobuf")
-    return f"{digest}-grpctools{tools}-protobuf{protobuf}"
+    return f"{digest}-{_RECIPE}-grpctools{tools}-protobuf{protobuf}"
+
+
+def _without_debug_redact(text: str) -> str:
+    """``api.proto`` without its ``[debug_redact = true]`` field options.
+
+    protoc learnt that option in protobuf 22; Debian 12's grpc_tools (protoc 3.21)
+    rejects the file with ``Option "debug_redact" unknown``. It only hides
+    AuthConfig's secrets in text-format dumps: nothing on the wire, nothing we use.
+    """
+    text = re.sub(r"\s*\[\s*debug_redact\s*=\s*true\s*\]", "", text)
+    text = re.sub(r",\s*debug_redact\s*=\s*true\b", "", text)
+    return re.sub(r"\bdebug_redact\s*=\s*true\s*,\s*", "", text)
 
 
 def generate_stubs(proto: str, cache_root: str = STUBS_CACHE) -> str:
@@ -213,7 +231,10 @@ def generate_stubs(proto: str, cache_root: str = STUBS_CACHE) -> str:
         source = os.path.join(partial, "src")
         os.mkdir(source)
         # The generated modules are named after the file: api.proto -> api_pb2.
-        shutil.copyfile(proto, os.path.join(source, "api.proto"))
+        with open(proto) as f:
+            text = _without_debug_redact(f.read())
+        with open(os.path.join(source, "api.proto"), "w") as f:
+            f.write(text)
         out = os.path.join(partial, "out")
         os.mkdir(out)
         status = protoc.main(
