@@ -29,21 +29,22 @@ Python API
 ``Cri(endpoint, stubs=None, timeout=60.0)``: ``endpoint`` is ``unix:///path``
 (or a bare path). Every RPC has a deadline (``timeout`` s, or the call's
 ``timeout=``); ``with_timeout(s)`` is a view with another one on the same
-channel. Configs and filters are dicts in the CRI's JSON form (proto or
-lowerCamel field names, as crictl's JSON files); replies are dicts as
-``MessageToDict`` gives them with defaults included (lowerCamel names, enum
-names, int64 as strings, as crictl's ``-o json``).
+channel. One ``Cri`` per process or run, shared by threads (gRPC channels are
+thread-safe); ``close()`` it (or use ``with``) when done. Configs and filters
+are dicts in the CRI's JSON form (proto or lowerCamel field names, as crictl's
+JSON files); replies are dicts as ``MessageToDict`` gives them with defaults
+included (lowerCamel names, enum names, int64 as strings, as crictl's ``-o json``).
 
 - ``version()``, ``status(verbose=True)`` -> crictl's ``info`` shape
 - ``run_pod(config, handler="")`` -> id; ``stop_pod(id)``; ``remove_pod(id)``;
   ``pod_status(id, verbose=True)`` -> ``{"status": ..., <info key>: ...}``
   (crictl's ``inspectp``); ``list_pods(filter=None)`` -> list
 - ``create_container(pod_id, config, pod_config)`` -> id; ``start_container(id)``;
-  ``stop_container(id, timeout=0)``; ``remove_container(id)``;
+  ``stop_container(id, grace=0)`` (grace s before SIGKILL); ``remove_container(id)``;
   ``container_status(id, verbose=True)`` (crictl's ``inspect``);
   ``container_state(id)`` -> ``"CONTAINER_RUNNING"``... or None when unknown to the CRI;
   ``list_containers(filter=None)``
-- ``exec_sync(id, cmd, timeout=0)`` -> :class:`ExecResult`;
+- ``exec_sync(id, cmd, exec_timeout=0)`` -> :class:`ExecResult` (a non-zero exit is a result, not an error);
   ``exec(id, cmd, stdin=None, stdout=None, stderr=None)`` -> :class:`ExecResult`
   (streaming: the CRI ``Exec`` URL spoken to as WebSocket ``v4.channel.k8s.io``)
 - ``container_stats(id)``, ``list_container_stats(filter=None)``, ``pod_stats(id)``,
@@ -60,8 +61,10 @@ cannot be what the CRI sends), :class:`StreamError` (the exec stream),
 CLI (a crictl-compatible subset)
 --------------------------------
 ``python -m labkit.cri_client --endpoint unix:///path [--timeout 60s] [--stubs DIR]
-[--proto api.proto] VERB ...``; flags of a verb come before its arguments
-(as crictl's). Ids go to stdout, errors to stderr with exit status 1.
+[--proto api.proto] VERB ...`` (the endpoint may also come from
+``$CONTAINER_RUNTIME_ENDPOINT``, as crictl's); flags of a verb come before its
+arguments (as crictl's). Ids go to stdout, errors to stderr with exit status 1;
+``exec -s`` writes the command's stderr to stderr (crictl 1.34 printed both to stdout).
 
 - ``version``, ``info``
 - ``runp [-r|--runtime H] POD.json``; ``stopp ID...``; ``rmp [-f] ID...`` (``-f``
