@@ -336,7 +336,7 @@ finally:
 def build_pod_tree(top: str, pod: str, children: int, mounts: Sequence[str]) -> list[str]:
     """``<mount>/<top>/<pod>/<child>`` for ``children`` 64-hex container ids in every hierarchy.
 
-    The incident's shape (DESIGN.md §1): thousands of empty leftover container
+    The incident's shape (docs/background.md, the failure): thousands of empty leftover container
     cgroups under one pod, in every hierarchy. Returns the pod directories.
     """
     import uuid

@@ -1,7 +1,7 @@
 """Concurrency: 50 containers deleted at once, every one with a slow teardown.
 
 Each container is a real host-PID runc container (busybox) whose children sit in
-one frozen v1 freezer cgroup (DESIGN.md §3): after init is SIGKILLed they cannot
+one frozen v1 freezer cgroup (docs/background.md, the labs): after init is SIGKILLed they cannot
 die until the freezer is thawed, ``--hold`` seconds after all the deletes were
 launched at once (containerd's dead-shim path for a whole node's worth of OOMed
 pods). We report whether every delete ended clean (exit 0, no directory left),

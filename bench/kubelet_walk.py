@@ -1,6 +1,6 @@
 """What kubelet would pay: destroying a pod cgroup that still has N leaked container children.
 
-kubelet's ``PodContainerManager.Destroy`` (DESIGN.md §1) first looks for
+kubelet's ``PodContainerManager.Destroy`` (docs/background.md, the failure) first looks for
 processes to kill: ``cgroupManager.Pids`` runs, for every hierarchy, a Go
 ``filepath.Walk`` over the pod directory (``lstat`` of every entry, control
 files included) reading ``cgroup.procs`` of every directory; when processes are

@@ -1,6 +1,6 @@
 """Sweep gentleness: removing 8147 leaked containers x every hierarchy without stalling the node.
 
-A synthetic tree in the incident's shape (DESIGN.md §1): ``<hierarchy>/rgbench-sweep-<x>/
+A synthetic tree in the incident's shape (docs/background.md, the failure): ``<hierarchy>/rgbench-sweep-<x>/
 burstable/pod<uid>/<64-hex id>`` for 8147 ids in all 10 hierarchies of this
 machine (81,470 empty directories). While it is removed, a probe process
 creates and removes a cgroup in a loop (what every other pod's runtime does),

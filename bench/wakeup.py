@@ -15,7 +15,7 @@ it left its cgroups) and the removal of every directory from inotify
 Layouts: ``hybrid`` (this machine: v1 hierarchies + the cgroup2 ``unified``
 tree, which wakes runc-guard through ``cgroup.events``), ``v1`` (the v1
 hierarchies only: no ``cgroup.events`` anywhere, so runc-guard polls every
-``poll_interval``) and ``v2`` (pure cgroup v2 inside ``unshare -m``, DESIGN.md §3).
+``poll_interval``) and ``v2`` (pure cgroup v2 inside ``unshare -m``, docs/background.md, the labs).
 Targets (issue 6): p50 <= 5 ms on v2, <= the poll interval (20 ms) on v1.
 
 CPU while waiting: runc-guard's exact run time (``/proc/<pid>/schedstat``) from

@@ -2,7 +2,7 @@
 
 Starts a private containerd (and a private journald when the machine has one),
 then runs the same short crash storm twice: host-PID tasks whose init and shim
-are SIGKILLed while some children take 0.3-3 s to die (Path B, DESIGN.md §1),
+are SIGKILLed while some children take 0.3-3 s to die (Path B, docs/background.md, the failure),
 first through stock runc, then through runc-guard. Prints what each left behind
 and runc-guard's journal entries for one container, then removes everything it
 created.

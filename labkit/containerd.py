@@ -1,6 +1,6 @@
 """A private, real containerd 1.6 for the end-to-end suite and ``make demo``.
 
-Isolation (never the machine's containerd, DESIGN.md §3): containerd gets its own
+Isolation (never the machine's containerd, docs/background.md, the labs): containerd gets its own
 ``root``, ``state`` and gRPC/ttrpc sockets in a temp dir, and runs in a private
 mount namespace whose ``/run`` is a fresh tmpfs. The namespace is needed because
 containerd 1.6 hard-codes two host paths: shims put their sockets in
@@ -88,7 +88,7 @@ SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RUNC_ROOT = "/run/containerd/runc"
 #: cgroup layouts containerd's namespace can have: the host's v1 + v2 mix, v1 only
 #: (crun 1.8 refuses a hybrid host whose v2 tree has a controller, e.g. hugetlb),
-#: and pure v2 (DESIGN.md §3; its tree is the host's /sys/fs/cgroup/unified).
+#: and pure v2 (docs/background.md, the labs; its tree is the host's /sys/fs/cgroup/unified).
 HYBRID, LEGACY, UNIFIED = "hybrid", "legacy", "unified"
 # Plugins that would need the network, CNI or block devices: off, they only add noise.
 DISABLED_PLUGINS = [

@@ -4,7 +4,7 @@ Shared by the kernel tests (tests/kernel), the containerd suite (integration/)
 and ``make demo``. Everything here creates uniquely named objects and knows how
 to remove them again, processes included, by the pid it started.
 
-The slow-death trick (DESIGN.md §3): processes moved into a cgroup v1 freezer
+The slow-death trick (docs/background.md, the labs): processes moved into a cgroup v1 freezer
 that is FROZEN keep a pending SIGKILL until it is THAWED, so they stay in the
 container's other cgroups exactly as long as the test chooses.
 """

@@ -1,7 +1,7 @@
 """A booted systemd for the systemd cgroup driver: a debootstrapped bookworm under systemd-nspawn.
 
 PID 1 of this host is not systemd, and systemd must never be booted on the
-host's own root (DESIGN.md §3). So the lab builds a minimal Debian 12 root once
+host's own root (docs/background.md, the labs). So the lab builds a minimal Debian 12 root once
 (``debootstrap --variant=minbase`` plus systemd, dbus, runc, containerd,
 busybox-static, python3 and runc-guard's Debian dependencies), cached under
 ``/var/tmp`` by a key of its package list, and boots it with systemd-nspawn:

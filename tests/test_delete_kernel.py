@@ -1,4 +1,4 @@
-"""The interposed delete on the real kernel with real runc 1.1.5 (DESIGN.md §1, Path B).
+"""The interposed delete on the real kernel with real runc 1.1.5 (docs/background.md, the failure, Path B).
 
 Each test builds a host-PID busybox container, holds some of its children in a
 frozen v1 freezer (their SIGKILL stays pending), kills init and runs

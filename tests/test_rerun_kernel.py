@@ -1,7 +1,7 @@
 """runc >= 1.2 on a busy cgroup, on the real kernel: runc-guard waits, then re-runs the delete.
 
 runc 1.2+ returns its destroy error (exit 1) and keeps its state when a cgroup
-is still busy, so the delete can be run again (DESIGN.md §1); runc-guard's
+is still busy, so the delete can be run again (docs/background.md, the failure); runc-guard's
 decision table says: wait until the cgroups are empty, then re-run the
 runtime's delete. Proven here with the real runc 1.3 of Debian sid
 (``labkit.runtimes``): a running host-PID container, two of its
