@@ -478,7 +478,11 @@ class Agent:
 
     def connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(self.path)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise
         self.sock = sock
 
     def request(self, body: dict[str, object], wait: float) -> dict[str, object]:
@@ -700,12 +704,16 @@ def booted_vm(
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         vm = VM(name, layout, workdir, disk, proc, Agent(os.path.join(workdir, "agent.sock")), smp)
-        sock = os.path.join(workdir, "agent.sock")
-        while not os.path.exists(sock):
-            if proc.poll() is not None or time.monotonic() - started > 30:
-                raise RuntimeError(f"qemu did not start ({proc.poll()}):\n{vm.console()[-3000:]}")
-            time.sleep(0.05)
-        vm.agent.connect()
+        # qemu binds the socket before it listens: the file can exist while a connect is refused.
+        while True:
+            try:
+                vm.agent.connect()
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                if proc.poll() is not None or time.monotonic() - started > 30:
+                    console = vm.console()[-3000:]
+                    raise RuntimeError(f"qemu did not start ({proc.poll()}):\n{console}") from None
+                time.sleep(0.05)
         _wait_agent(vm, started + boot_timeout)
         state = ""
         while time.monotonic() < started + boot_timeout:
