@@ -17,7 +17,13 @@ kubelet's removal, after the sweep and after the restart + sweep, and
 runc-guard's journal outcomes.
 Figures are TCG's (docs/vm.md).
 
-Run: ``python -m bench.vm_cells --layout hybrid [--containerd 1.6] [--runc 1.1] [--path b]``.
+``--node sid``: the modern node (``labkit.vm.SID``: kernel 7.x, systemd 26x,
+containerd 2.1 with its own default config, runc 1.3 and crun 1.28 as Debian
+installs them, unified only): ``--runc 1.3`` is its own runc behind ``stock`` /
+``runc``, ``--runc crun`` its crun behind ``stock-crun`` / ``runc-crun``.
+
+Run: ``python -m bench.vm_cells --layout hybrid [--containerd 1.6] [--runc 1.1] [--path b]``, or
+``python -m bench.vm_cells --node sid --layout unified --runc crun``.
 """
 
 from __future__ import annotations
@@ -31,10 +37,23 @@ from typing import Any
 from bench.common import print_table, vm_bench_args
 from labkit import vm
 
-#: ``--runc``: Debian 12's runc 1.1.5, or sid's runc 1.3 (labkit.vm.GUEST_RUNC).
-PAIRS = {"1.1": ("stock", "runc"), "1.3": ("stock-13", "runc-13")}
-#: ``--containerd``: Debian 12's 1.6.20, or sid's 2.1 (labkit.vm.GUEST_CONTAINERD) upgraded to in place.
+#: ``--runc`` per node: bookworm's runc 1.1.5, or sid's runc 1.3 (labkit.vm.GUEST_RUNC) beside it;
+#: sid's own runc 1.3, or its crun 1.28.
+PAIRS = {
+    vm.BOOKWORM: {"1.1": ("stock", "runc"), "1.3": ("stock-13", "runc-13")},
+    vm.SID: {"1.3": ("stock", "runc"), "crun": ("stock-crun", "runc-crun")},
+}
+#: ``--containerd``: Debian 12's 1.6.20, or sid's 2.1 (labkit.vm.GUEST_CONTAINERD) upgraded to in place
+#: (the sid node runs its own 2.1 either way).
 CONTAINERDS = ("1.6", "2.1")
+
+
+def pair(args: argparse.Namespace) -> tuple[str, str]:
+    """The stock / runc-guard handlers of ``--runc`` on ``--node`` (labkit/vm_guest/setup.py)."""
+    pairs = PAIRS[args.node]
+    if args.runc not in pairs:
+        raise SystemExit(f"--runc {args.runc} is not on the {args.node} node: {', '.join(pairs)}")
+    return pairs[args.runc]
 
 
 def summary(left: dict[str, Any]) -> str:
@@ -50,23 +69,29 @@ def outcomes(entries: list[dict[str, Any]]) -> str:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Boot, configure, run the cell, the tools, a containerd restart and the tools again; power off."""
-    pair = PAIRS[args.runc]
-    with tempfile.TemporaryDirectory(prefix="rgvm-bench-") as tmp, vm.booted_vm(tmp, args.layout) as node:
-        print(f"booted {args.layout} in {node.boot_s:.0f} s (TCG, {node.smp} vCPU)", flush=True)
+    handlers = pair(args)
+    with (
+        tempfile.TemporaryDirectory(prefix="rgvm-bench-") as tmp,
+        vm.booted_vm(tmp, args.layout, node=args.node) as node,
+    ):
+        print(f"booted {args.node} {args.layout} in {node.boot_s:.0f} s (TCG, {node.smp} vCPU)", flush=True)
         t = time.monotonic()
-        node.guest("setup.py", timeout=600)
-        if args.containerd != "1.6":
-            node.guest("setup.py", "containerd2", timeout=900)
-        print(f"containerd {args.containerd} configured in {time.monotonic() - t:.0f} s", flush=True)
+        setup: dict[str, Any] = node.guest("setup.py", timeout=600)
+        if args.containerd != "1.6" and args.node == vm.BOOKWORM:
+            setup = node.guest("setup.py", "containerd2", timeout=900)
+        version = setup.get("containerd_version", "containerd 1.6.20 (Debian 12)")
+        cri = setup.get("cri_version")
+        print(f"{version} configured in {time.monotonic() - t:.0f} s; CRI {cri}", flush=True)
         t = time.monotonic()
         cell: dict[str, Any] = node.guest(
-            "scenarios.py", "teardown", ",".join(pair), args.path, args.pid, timeout=1800
+            "scenarios.py", "teardown", ",".join(handlers), args.path, args.pid, timeout=1800
         )
         cell_s = time.monotonic() - t
-        for handler in pair:
+        for handler in handlers:
             if "error" in cell[handler]:
                 raise SystemExit(f"{handler}: {cell[handler]['error']}")
-        ids = [c for h in pair for c in cell[h]["ids"].values()] + [cell[h]["sandbox"]["id"] for h in pair]
+        ids = [c for h in handlers for c in cell[h]["ids"].values()]
+        ids += [cell[h]["sandbox"]["id"] for h in handlers]
         tools: dict[str, Any] = node.guest("scenarios.py", "node-tools", "-", *ids, timeout=1800)
         # containerd 1.6 keeps the bundle of a dead shim whose delete failed, and the sweep
         # keeps any container that still has one; a restart re-runs containerd's own
@@ -77,14 +102,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         node.run("sh", "-c", wait, timeout=120)
         restarted: dict[str, Any] = node.guest("scenarios.py", "node-tools", "-", *ids, timeout=1800)
         journal: dict[str, Any] = node.guest("scenarios.py", "journal", "-", *ids, timeout=600)
-    return {"cell": cell, "cell_s": cell_s, "tools": tools, "restarted": restarted, "journal": journal}
+    return {
+        "cell": cell, "cell_s": cell_s, "tools": tools, "restarted": restarted, "journal": journal,
+        "containerd": setup.get("containerd_version", "1.6.20 (Debian 12)"),
+    }  # fmt: skip
 
 
 def report(args: argparse.Namespace, results: dict[str, Any]) -> None:
     cell, tools, restarted = results["cell"], results["tools"], results["restarted"]
-    pair = PAIRS[args.runc]
     rows = []
-    for handler in pair:
+    for handler in pair(args):
         r = cell[handler]
         for label, cid in [*r["ids"].items(), ("sandbox", r["sandbox"]["id"])]:
             after = r["sandbox"]["after_removal"] if label == "sandbox" else r["after_removal"][label]
@@ -94,13 +121,13 @@ def report(args: argparse.Namespace, results: dict[str, Any]) -> None:
                 summary(restarted["left"][cid]), outcomes(entries), outcomes(results["journal"][cid]),
             ])  # fmt: skip
     print_table(
-        f"{args.layout}, systemd driver, containerd {args.containerd}, runc {args.runc}, "
+        f"{args.node} {args.layout}, systemd driver, {results['containerd']}, runtime {args.runc}, "
         f"Path {args.path.upper()}, pid={args.pid} (TCG; cell {results['cell_s']:.0f} s)",
         ["handler", "container", "layout", "held s", "left: dirs / unit / state / bundle / records",
          "after sweep", "after a containerd restart + sweep", "runc-guard journal", "journal after all"],
         rows,
     )  # fmt: skip
-    for handler in pair:
+    for handler in pair(args):
         said = cell[handler]["containerd"]["work"][-2:]
         print(f"{handler}: io limit {cell[handler]['io_max']!r}; containerd: {said}")
     print(f"audit: rc {tools['audit_rc']} {tools['audit'][:2]}")
@@ -113,8 +140,9 @@ def report(args: argparse.Namespace, results: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layout", choices=(vm.UNIFIED, vm.HYBRID), default=vm.HYBRID)
+    parser.add_argument("--node", choices=vm.NODES, default=vm.BOOKWORM)
     parser.add_argument("--containerd", choices=CONTAINERDS, default="1.6")
-    parser.add_argument("--runc", choices=tuple(PAIRS), default="1.1")
+    parser.add_argument("--runc", choices=("1.1", "1.3", "crun"), default="1.1")
     parser.add_argument("--path", choices=("a", "b", "b+sibling"), default="b")
     args = vm_bench_args(parser)
     started = time.monotonic()

@@ -24,8 +24,11 @@ reported at the start, when the last attempt is removed, and 15 s later.
 ``/kubepods/burstable/pod<uid>``): runc's delete, not systemd, removes the
 container's cgroup, so runc-guard's delete still finds it.
 
+``--node sid``: the same on the modern node (``labkit.vm.SID``: kernel 7.x, its own
+containerd 2.1 and runc 1.3, which ``stock`` / ``runc`` then run).
+
 Run: ``python -m bench.vm_crashloop [--restarts 300] [--minutes 25] [--pid container] [--mib 1]
-[--driver systemd]``.
+[--driver systemd] [--node sid]``.
 """
 
 from __future__ import annotations
@@ -80,9 +83,11 @@ def main() -> None:
                         help="the emptyDir variant: MiB appended per attempt, which exits 1 (0: OOM kills)")
     parser.add_argument("--driver", choices=("systemd", "cgroupfs"), default="systemd",
                         help="containerd's cgroup driver for both handlers (SystemdCgroup true / false)")
+    parser.add_argument("--node", choices=vm.NODES, default=vm.BOOKWORM,
+                        help="the guest's Debian: 12 (containerd 1.6.20, runc 1.1.5) or sid (2.1, runc 1.3)")
     args = vm_bench_args(parser)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="rgvm-bench-") as tmp, vm.booted_vm(tmp) as node:
+    with tempfile.TemporaryDirectory(prefix="rgvm-bench-") as tmp, vm.booted_vm(tmp, node=args.node) as node:
         print(f"booted in {node.boot_s:.0f} s (TCG, {node.smp} vCPU)", flush=True)
         node.guest("setup.py", timeout=600)
         seconds = args.minutes * 60

@@ -310,9 +310,18 @@ def read(path: str) -> str:
 WRITER = ["busybox", "dd"]
 
 
-def writer_in_d(procs: str) -> int:
+def pids_below(cgroup: str) -> list[str]:
+    """The pids in ``cgroup`` and every cgroup below it: crun's systemd driver puts the container's
+    processes in a ``container`` child of the scope, runc in the scope itself."""
+    found = []
+    for dirpath, _dirs, _files in os.walk(cgroup):
+        found += read(os.path.join(dirpath, "cgroup.procs")).split()
+    return [p for p in found if p.isdigit()]
+
+
+def writer_in_d(cgroup: str) -> int:
     """The pid of the container's ``busybox dd`` while it sleeps in D state, else 0."""
-    for pid in read(procs).split():
+    for pid in pids_below(cgroup):
         if pid.isdigit() and argv_of(int(pid))[:2] == WRITER and proc_state(int(pid)) == "D":
             return int(pid)
     return 0
@@ -333,7 +342,7 @@ def start_held(pod: Pod) -> tuple[str, int, str]:
                  f"busybox dd if=/dev/zero of=/data/slow bs={SLOW_BYTES} count=1 oflag=direct 2>/data/dd.err")
     script = f"sleep 1000 & sleep 1000 & {write} & wait"
     cid = pod.create(["/bin/sh", "-c", script], data=True)
-    procs = os.path.join(pod.slice_dir, scope(cid), "cgroup.procs")
+    procs = os.path.join(pod.slice_dir, scope(cid))
     if LAYOUT == UNIFIED:
         limit = read(os.path.join(pod.slice_dir, "io.max"))
     else:
@@ -352,8 +361,9 @@ def start_held(pod: Pod) -> tuple[str, int, str]:
         return writer != 0
 
     if not wait_for(seen, 90, 0.1):
-        found = [(p, argv_of(int(p)), proc_state(int(p))) for p in read(procs).split() if p.isdigit()]
-        raise RuntimeError(f"busybox dd never slept in D state: {found}")
+        found = [(p, argv_of(int(p)), proc_state(int(p))) for p in pids_below(procs)]
+        raise RuntimeError(f"busybox dd never slept in D state: {found} in {procs}; the container's "
+                           f"cgroups: {scope_dirs(cid)}")
     return cid, writer, limit
 
 
