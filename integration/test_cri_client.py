@@ -202,6 +202,38 @@ def test_status_without_exit_is_an_error(status: bytes) -> None:
         cc.exit_code_of("v4.channel.k8s.io", status)
 
 
+def test_replies_keep_their_defaults(stubs: str) -> None:
+    """Fields at their default still appear (crictl's EmitDefaults): a created container's state
+    and exit code 0 are there, named as crictl prints them."""
+    pb2 = cc.load_stubs(stubs).pb2
+    body = cc.to_dict(pb2.ContainerStatus(id="c1"))
+    assert (body["state"], body["exitCode"], body["createdAt"]) == ("CONTAINER_CREATED", 0, "0")
+
+
+def test_configs_take_crictl_json(stubs: str) -> None:
+    """A crictl JSON config (proto names, enums as numbers, unknown keys) parses as Go's json did."""
+    pb2 = cc.load_stubs(stubs).pb2
+    body = {"metadata": {"name": "p", "uid": "u", "attempt": 1}, "log_directory": "/l", "bogus": 1,
+            "linux": {"security_context": {"namespace_options": {"network": 2, "pid": 1}}}}  # fmt: skip
+    config = cc.from_dict(body, pb2.PodSandboxConfig())
+    assert (config.metadata.attempt, config.log_directory) == (1, "/l")
+    assert config.linux.security_context.namespace_options.pid == pb2.CONTAINER
+
+
+def test_cri_log_lines_go_back_to_their_streams() -> None:
+    """kubelet's log format: stream by the second field, P lines joined, F lines ended."""
+    log = [
+        b"2026-12-07T07:00:00.1Z stdout F hello\n",
+        b"2026-12-07T07:00:00.2Z stderr P par\n",
+        b"2026-12-07T07:00:00.3Z stderr F t\n",
+        b"2026-12-07T07:00:00.4Z stdout F\n",
+        b"garbage\n",
+    ]
+    out, err = io.BytesIO(), io.BytesIO()
+    cc.split_cri_log(log, out, err)
+    assert (out.getvalue(), err.getvalue()) == (b"hello\n\n", b"part\n")
+
+
 # --- The exec stream against a fake streaming server ----------------------------------
 
 

@@ -106,7 +106,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 from urllib.parse import urlsplit
@@ -617,6 +617,21 @@ def _feed(ws: WebSocket, stdin: bytes | IO[bytes]) -> None:
         return  # the stream ended first: the reader reports how
 
 
+def split_cri_log(lines: Iterable[bytes], stdout: IO[bytes], stderr: IO[bytes]) -> None:
+    """CRI log lines (``<RFC 3339 time> <stdout|stderr> <P|F>[:tags] <content>``) back to two streams.
+
+    ``F`` ends a line, ``P`` is a part of one the runtime split (kubelet's log format).
+    """
+    for line in lines:
+        fields = line.rstrip(b"\n").split(b" ", 3)
+        if len(fields) < 3:
+            continue
+        content = fields[3] if len(fields) == 4 else b""
+        partial = b"P" in fields[2].split(b":")
+        sink = stderr if fields[1] == b"stderr" else stdout
+        sink.write(content if partial else content + b"\n")
+
+
 # --- The client -------------------------------------------------------------------------
 
 
@@ -900,14 +915,7 @@ class Cri:
             raise CriError(f"container {container_id} has no log path")
         try:
             with open(path, "rb") as f:
-                for line in f:
-                    fields = line.rstrip(b"\n").split(b" ", 3)
-                    if len(fields) < 3:
-                        continue
-                    content = fields[3] if len(fields) == 4 else b""
-                    partial = b"P" in fields[2].split(b":")
-                    sink = stderr if fields[1] == b"stderr" else stdout
-                    sink.write(content if partial else content + b"\n")
+                split_cri_log(f, stdout, stderr)
         except OSError as e:
             raise CriError(f"logs of {container_id}: {e}") from e
 
