@@ -13,7 +13,9 @@ cgroup driver. This lab boots exactly that (DESIGN.md §3):
   the host: the relinked runc names its glibc by that path) and runc-guard
   installed from a real .deb (``packaging/build-deb.sh``), cached by a key of its
   inputs (the root, the runtimes' Debian versions, the .deb's file contents, the
-  guest files);
+  guest files); or, with ``node=SID`` (issue 41's modern node), a root of its own
+  from ``debootstrap --variant=minbase sid`` with kernel 7.x, systemd, containerd
+  2.1, runc 1.3 and crun 1.28 as Debian installs them (unified layout only);
 - qemu under TCG (``-accel tcg,thread=multi -cpu max``: a KVM guest hangs after
   the kernel's decompressor on these nested machines), ``-kernel/-initrd`` from
   the root, ``root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=1``
@@ -23,7 +25,8 @@ cgroup driver. This lab boots exactly that (DESIGN.md §3):
 - the host talks to the guest through a virtio-serial port: ``rg-agent.service``
   runs ``labkit/vm_guest/agent.py`` (JSON lines: argv in, status and output
   back), and a virtio-9p share (``/opt/rg/share`` inside) carries the guest
-  scripts and images in and bulky results out;
+  scripts, labkit.cri_client with the CRI's api.proto, and images in and bulky
+  results out;
 - the VM is stopped with ``systemctl poweroff`` through the agent; qemu is
   SIGKILLed by its pid if the guest does not power off in time.
 

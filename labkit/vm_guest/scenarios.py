@@ -265,7 +265,9 @@ def left(cid: str) -> dict[str, object]:
     return {
         "dirs": len(scope_dirs(cid)),
         "unit": unit(cid),
-        "state": os.path.exists(os.path.join(RUNC_ROOT, cid, "state.json")),
+        # The runtime's state directory under containerd's --root: runc keeps state.json there,
+        # crun its status file; either runtime's delete removes the directory.
+        "state": os.path.exists(os.path.join(RUNC_ROOT, cid)),
         "bundle": os.path.exists(os.path.join(TASKS, cid)),
         "records": len(records(cid)),
     }

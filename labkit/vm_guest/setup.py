@@ -252,7 +252,8 @@ def setup_16() -> None:
     configured = sh("runc-guardctl", "configure", "containerd", *guarded(pairs), "--restart")
     wait_containerd()
     import_images("ctr")
-    report(configured, pairs=pairs, cri_stubs=compile_cri())
+    stubs = compile_cri()
+    report(configured, pairs=pairs, cri_stubs=stubs, cri_version=cri_version())
 
 
 def setup_native_2() -> None:
