@@ -42,12 +42,14 @@ from runc_guard.delete.cleanup import (
     drain,
     populated_dirs,
 )
-from runc_guard.delete.outcomes import ALREADY_GONE, REMOVED, UNKNOWN, WARNING_OUTCOMES
-from runc_guard.delete.paths import check_container_paths, check_path, init_started_wall
+from runc_guard.delete.outcomes import ALREADY_GONE, RECORD_UNTRUSTED, REMOVED, UNKNOWN, WARNING_OUTCOMES
+from runc_guard.delete.paths import check_container_paths, init_started_wall
 from runc_guard.delete.pending import (
     BUSY,
     Claim,
     PendingRecord,
+    RecordRule,
+    UntrustedRecord,
     find_record,
     record_path,
     remove_record,
@@ -342,31 +344,32 @@ class DeleteRun:
             self.canonical.setdefault("thawed", []).append(path)
 
     def _without_state(self, reason: str) -> None:
-        """No state: finish a pending record if one is left, else this is a plain passthrough."""
+        """No state: finish a pending record if one is left, else this is a plain passthrough.
+
+        A record that fails the trust rule (pending.RecordRule) is left as it is:
+        the runtime runs as it would with no record, one warning entry says why,
+        and the stats line counts it (``record_untrusted``).
+        """
         with self._claim() as held:
             if held == BUSY:
                 raise Outcome("deadline", EXIT_CGROUP_BUSY, self._busy_reason(), True)
-            record = find_record(self.settings.pending_dir, self.root, self.container_id)
+            rule = RecordRule.of(self.settings, self.fs, self.mounts())
+            try:
+                record = find_record(self.settings.pending_dir, self.root, self.container_id, rule)
+            except UntrustedRecord as exc:
+                run = self._run_runtime(None)
+                raise Outcome(RECORD_UNTRUSTED, run.status, f"pending record left as it is: {exc}") from None
             if record is None:
                 raise Outcome(UNKNOWN, self._run_runtime(None).status, reason)
             run = self._run_runtime(self.deadline)
             self.record = record_path(self.settings.pending_dir, self.root, self.container_id)
-            paths = self._checked_record_paths(record)
+            paths = list(record.cgroup_paths)
             self.canonical["cgroup_paths"] = paths
             self._remove(paths, may_kill=False, watch_foreign=False)
             remove_record(self.record)
             # The runtime's own output and status pass through ("does not exist" is
             # success to containerd); the record's leftovers are gone now.
             raise Outcome("record_finished", run.status)
-
-    def _checked_record_paths(self, record: PendingRecord) -> list[str]:
-        mounts = self.mounts()
-        for path in record.cgroup_paths:
-            try:
-                check_path(path, self.fs, mounts)
-            except UnsafeCgroupPath as exc:
-                raise Outcome("refused", exc.exit_code, f"pending record: {exc}", True) from None
-        return list(record.cgroup_paths)
 
     def _with_state(self, state: ContainerState) -> None:
         self.canonical.update(

@@ -64,7 +64,15 @@ from runc_guard.delete.cleanup import CgroupBusy, CgroupRemovalFailed, CleanupRe
 from runc_guard.delete.memcg_hold import held_dir, iter_held
 from runc_guard.delete.outcomes import MEMCG_LINE
 from runc_guard.delete.paths import check_container_paths, init_started_wall
-from runc_guard.delete.pending import BUSY, Claim, PendingRecord, iter_records, remove_record
+from runc_guard.delete.pending import (
+    BUSY,
+    Claim,
+    PendingRecord,
+    RecordRule,
+    UntrustedRecord,
+    iter_records,
+    remove_record,
+)
 from runc_guard.delete.reclaim import SWEEP_BUDGET as RECLAIM_BUDGET
 from runc_guard.delete.report import EventLog, deliver
 from runc_guard.delete.run import DeleteRun, Outcome, append_stats
@@ -198,14 +206,27 @@ class Finisher:
             return False
         return self._finish(path, record)
 
+    def rule(self) -> RecordRule:
+        """The trust rule (pending.RecordRule) for every record, with today's mounts and routing."""
+        return RecordRule.of(self.settings, self.fs, self.mounts())
+
     def _candidates(self, siblings_only: bool = False) -> list[tuple[str, Work]]:
-        """Pending records, then overload aside records as records (or why not yet), then siblings."""
+        """Pending records, then overload aside records as records (or why not yet), then siblings.
+
+        Each must pass the trust rule (a pending record as it is read, an aside
+        record once turned into work); one that does not is left for good, with
+        one ``finisher_left`` entry, and audit counts it.
+        """
         found: list[tuple[str, Work]] = []
-        for path, record in [] if siblings_only else iter_records(self.settings.pending_dir):
-            if isinstance(record, ValueError) or self.attempts.get(path, 0) >= MAX_ATTEMPTS:
+        rule = self.rule()
+        for path, record in [] if siblings_only else iter_records(self.settings.pending_dir, rule):
+            if self.attempts.get(path, 0) >= MAX_ATTEMPTS:
                 continue
-            if valid_container_id(record.container_id) and os.path.isabs(record.runtime_root):
-                found.append((path, record))  # a record is input: an id that is not one names no path
+            if isinstance(record, ValueError):
+                cid = record.container_id if isinstance(record, UntrustedRecord) else None
+                self._leave(path, cid or "", "", f"untrusted pending record: {record}")
+            else:
+                found.append((path, record))
         for path, doc in iter_aside(self.settings.cache_dir):
             kind = doc.get("kind") if doc is not None else None
             kinds = (SIBLING,) if siblings_only else (OVERLOAD, SIBLING)
@@ -214,9 +235,21 @@ class Finisher:
             judged = self._judge_overload(doc) if kind == OVERLOAD else _sibling_work(doc)
             if judged is None:
                 self.attempts[path] = MAX_ATTEMPTS  # nothing for the finisher: the sweep and audit judge it
+                continue
+            problem = (rule.runtime_problem(judged.runtime) if isinstance(judged, SiblingWork)
+                       else None if isinstance(judged, str) else rule.problem(judged))  # fmt: skip
+            if problem is not None:
+                assert not isinstance(judged, str)
+                reason = f"untrusted aside record: {problem}"
+                self._leave(path, judged.container_id, judged.runtime_root, reason)
             else:
                 found.append((path, judged))
         return found
+
+    def _leave(self, path: str, container_id: str, runtime_root: str, reason: str) -> None:
+        """A record left for good: never looked at again by this finisher, one entry."""
+        self.attempts[path] = MAX_ATTEMPTS
+        self._log_left(container_id, runtime_root, reason, path)
 
     def _judge_overload(self, doc: dict[str, object]) -> PendingRecord | str | None:
         """An overload aside record as a pending record once its runtime state proves it ours.
@@ -294,6 +327,10 @@ class Finisher:
         claim = Claim(self.settings.pending_dir, record.runtime_root, record.container_id, started, self.now)
         with claim as held:
             if held == BUSY or not os.path.exists(path):
+                return False
+            problem = self.rule().problem(record)  # right before the runtime runs and anything is removed
+            if problem is not None:
+                self._leave(path, record.container_id, record.runtime_root, f"untrusted record: {problem}")
                 return False
             if not self._clear(path, record):
                 return False
@@ -380,10 +417,10 @@ class Finisher:
         self.finished.append(work.container_id)
         return True
 
-    def _log_left(self, container_id: str, runtime_root: str, reason: str) -> None:
+    def _log_left(self, container_id: str, runtime_root: str, reason: str, record: str = "") -> None:
         """One entry for a record left for good (to the sweep, audit, or the id's new owner)."""
         log = EventLog(self.settings.log_level, {"container_id": container_id, "runtime_root": runtime_root})
-        log.warning("finisher_left", reason=reason)
+        log.warning("finisher_left", reason=reason, **({"record": record} if record else {}))
         deliver(log, self.settings, spool_dir(self.settings.cache_dir))
 
     def reclaim_held(self) -> int:
@@ -523,7 +560,7 @@ def _sibling_work(doc: Mapping[str, object]) -> SiblingWork | None:
 
 def _work(settings: Settings, kinds: tuple[str, ...] = (OVERLOAD, SIBLING), pending: bool = True) -> set[str]:
     """The files a finisher is for: pending records, overload and sibling aside records."""
-    names = {p for p, _ in iter_records(settings.pending_dir)} if pending else set()
+    names = set(json_records(settings.pending_dir)) if pending else set()
     for path, doc in iter_aside(settings.cache_dir):
         if doc is not None and doc.get("kind") in kinds:
             names.add(path)
