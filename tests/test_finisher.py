@@ -581,6 +581,54 @@ def test_a_sibling_recreated_while_its_delete_waits_is_never_the_runtimes_target
     assert (entry["outcome"], entry["sandbox_id"]) == ("refused", "sb"), entry
 
 
+def test_a_sibling_recreated_before_its_wait_is_never_killed(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The id is re-created (a new init in its state, a process of it in the same cgroups) after the
+    finisher looked at the sibling and before its delete's wait: identity is looked at under the claim
+    before the first kill, so nothing is killed and the runtime not run (``refused``). Before: the
+    wait killed the new container's process, and only the runtime was refused."""
+    from runc_guard.node import finisher as finisher_mod
+
+    lab.container("sb", labels=SB)
+    dirs = lab.container("app", labels=_of("sb"))  # host PID: the wait may kill stragglers
+    _delete_sandbox(lab)
+    real = finisher_mod.LateSibling.run_sibling
+
+    def recreated_first(self: finisher_mod.LateSibling, state: Any) -> int:
+        _rewrite_state(lab, "app", alive=True)
+        for path in dirs:
+            lab.fs.add(path, [4343])  # the new container's process
+        return real(self, state)
+
+    monkeypatch.setattr(finisher_mod.LateSibling, "run_sibling", recreated_first)
+    run(lab.settings, 60.0, _finisher(lab), quiet=0)
+    assert lab.fs.killed == [] and 4343 in lab.fs.alive
+    assert [r for r in lab.runs() if r.startswith("runtime")] == ["runtime sb"]
+    entry = [e for e in lab.events() if e["event"] == "delete" and e["container_id"] == "app"][-1]
+    assert (entry["outcome"], entry["stragglers_killed"]) == ("refused", []), entry
+
+
+def test_a_sibling_record_names_its_bundle_and_another_bundle_is_another_container(lab: Lab) -> None:
+    """The sandbox's delete records each sibling's bundle; a state with the recorded init but another
+    bundle is not the recorded container: refused, nothing run."""
+    lab.container("sb", labels=SB)
+    lab.container("app", labels=_of("sb"))
+    _delete_sandbox(lab)
+    docs = [doc for _, doc in iter_aside(lab.settings.cache_dir) if doc is not None]
+    assert [d["bundle"] for d in docs] == ["/run/bundles/app"], docs
+    path = os.path.join(lab.root, "app", "state.json")
+    with open(path) as f:
+        doc = json.load(f)
+    doc["config"]["labels"] = ["bundle=/run/bundles/other", *doc["config"]["labels"][1:]]
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    run(lab.settings, 60.0, _finisher(lab), quiet=0)
+    assert [r for r in lab.runs() if r.startswith("runtime")] == ["runtime sb"]
+    entry = [e for e in lab.events() if e["event"] == "delete" and e["container_id"] == "app"][-1]
+    assert entry["outcome"] == "refused", entry
+
+
 def test_siblings_are_deleted_with_the_finisher_off_and_without_the_quiet_wait(lab: Lab) -> None:
     """finish_window 0 (the finisher off): the sandbox's dead sibling is still deleted after the
     reply (the sandbox's delete did that before, inline), at once rather than after ``quiet``; a

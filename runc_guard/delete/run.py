@@ -277,8 +277,18 @@ class DeleteRun:
             raise Outcome("no_state", run.status, str(exc)) from None
         self._with_state(state)
 
+    def _same_container(self) -> None:
+        """Raise Outcome ``refused`` if the id no longer names the container this delete read.
+
+        Looked at under the claim before the first kill, and before every run of
+        the runtime. Nothing to look at for a delete containerd runs: containerd
+        holds the id until it returns. A delete run later (node.finisher.LateSibling)
+        overrides it.
+        """
+
     def _run_runtime(self, deadline: float | None) -> RuntimeRun:
         """One run of the runtime's delete; a forwarded signal ends the whole delete."""
+        self._same_container()
         self.canonical["runtime_runs"] += 1
         run = run_runtime_child(self.runtime, self.args, deadline, self.clock, self._kill_live_init)
         self.canonical["runtime_ms"] = self.canonical.get("runtime_ms", 0) + run.waited_ms
@@ -400,6 +410,7 @@ class DeleteRun:
         with self._claim() as held:
             if held == BUSY:
                 raise Outcome("deadline", EXIT_CGROUP_BUSY, self._busy_reason(), True)
+            self._same_container()  # under the claim, before the first kill (the wait) or runtime run
             self.record = self._write_record(state, ownership.paths)
             end = Outcome(*self._delete_container(state, ownership.paths))
         if state.is_sandbox and end.status == 0 and end.outcome in (REMOVED, ALREADY_GONE):
@@ -434,6 +445,7 @@ class DeleteRun:
             self.record = None
         if status is None:
             bound = self.deadline if self.sibling_of else None
+            self._same_container()
             run = run_runtime_child(self.runtime, self.args, bound, self.clock)
             self.canonical["runtime_runs"] += 1
             if run.timed_out:
@@ -722,7 +734,7 @@ class DeleteRun:
             f"dead sibling of sandbox {sandbox.container_id}: its own delete follows the sandbox's reply",
             SIBLING, self.runtime,
             {"sandbox_id": sandbox.container_id, "args": args, "init_pid": state.init_pid,
-             "init_start": state.init_start},
+             "init_start": state.init_start, "bundle": state.labels.get("bundle", "")},
         )  # fmt: skip
         return {"id": state.container_id, "left_for": "finisher" if written else "unrecorded"}
 

@@ -76,7 +76,7 @@ from runc_guard.delete.pending import (
 from runc_guard.delete.reclaim import SWEEP_BUDGET as RECLAIM_BUDGET
 from runc_guard.delete.report import EventLog, deliver
 from runc_guard.delete.run import DeleteRun, Outcome, append_stats
-from runc_guard.delete.runtime_child import RuntimeRun, run_runtime_child
+from runc_guard.delete.runtime_child import run_runtime_child
 from runc_guard.delete.state import ContainerState, read_state, runtime_state_exists
 from runc_guard.errors import EXIT_INTERNAL, EXIT_UNSAFE_STATE, RuncGuardError, StateMissing, StateUnreadable
 from runc_guard.node.late_reclaim import LATE_MAX
@@ -124,6 +124,8 @@ class SiblingWork:
     args: list[str]
     init_pid: int
     init_start: int
+    #: The state's bundle when the sandbox's delete recorded it ("" from an older record).
+    bundle: str = ""
 
 
 #: A record's work: a pending record, a sibling to delete, or why it is not ready yet.
@@ -131,27 +133,33 @@ Work = PendingRecord | SiblingWork | str
 
 
 class LateSibling(DeleteRun):
-    """A sandbox's sibling deleted after the sandbox's reply: its wait for the cgroups can take its
-    whole deadline, so right before each runtime run the id's state must still be the recorded
-    container's (init pid and start). A container created under the id meanwhile is never the
-    target of a ``delete --force``: the runtime is not run (``refused``), the record stays."""
+    """A sandbox's sibling deleted after the sandbox's reply: the id can be deleted and created again
+    between the finisher's look at its state and any act of its delete, so under the delete's claim
+    before the first kill (the wait for the cgroups), and again before each runtime run, the id's
+    state must still be the recorded container's (init pid and start time, bundle when known:
+    :meth:`_same_container`). A container created under the id meanwhile is never killed nor the
+    target of a ``delete --force``: ``refused``, the record stays."""
 
     identity: tuple[int, int] = (0, 0)
+    bundle: str = ""
 
-    def _run_runtime(self, deadline: float | None) -> RuntimeRun:
+    def _same_container(self) -> None:
         if not os.path.lexists(os.path.join(self.invocation.root, self.container_id)):
             # Deleted meanwhile (containerd 1.6 deletes a pod's containers itself): the runtime
             # answers "does not exist" and the table removes what that delete left, as a retry would.
-            return super()._run_runtime(deadline)
+            return
         try:
             state = read_state(self.invocation.root, self.container_id, self.mounts)
-            same = (state.init_pid, state.init_start) == self.identity
+            bundle = state.labels.get("bundle", "")
+            same = (state.init_pid, state.init_start) == self.identity and (
+                not self.bundle or not bundle or bundle == self.bundle
+            )
         except (StateMissing, StateUnreadable):  # a directory without state: one being created
             same = False
         if not same:
-            reason = "the id's state changed while its delete waited (re-created?): the runtime was not run"
+            reason = ("the id's state changed while its delete waited (re-created?): nothing was killed"
+                      " and the runtime was not run")  # fmt: skip
             raise Outcome("refused", EXIT_UNSAFE_STATE, reason)
-        return super()._run_runtime(deadline)
 
 
 @dataclass
@@ -401,7 +409,7 @@ class Finisher:
                                                  "runtime_root": work.runtime_root})  # fmt: skip
         sibling = LateSibling(parse(work.args), list(work.args), work.runtime, self.settings, fs=self.fs,
                               mounts=self.mounts, clock=self.clock, log=log)  # fmt: skip
-        sibling.identity = (work.init_pid, work.init_start)
+        sibling.identity, sibling.bundle = (work.init_pid, work.init_start), work.bundle
         sibling.sibling_of = work.sandbox_id
         sibling.canonical["sandbox_id"] = work.sandbox_id
         remove_record(path)
@@ -542,10 +550,11 @@ def _sibling_work(doc: Mapping[str, object]) -> SiblingWork | None:
     """A sibling aside record as work, or None when it is not one a sandbox's delete wrote (input)."""
     cid, root, runtime = doc.get("container_id"), doc.get("runtime_root"), doc.get("runtime")
     sandbox, args = doc.get("sandbox_id"), doc.get("args")
-    pid, start = doc.get("init_pid"), doc.get("init_start")
+    pid, start, bundle = doc.get("init_pid"), doc.get("init_start"), doc.get("bundle", "")
     if not (isinstance(cid, str) and isinstance(root, str) and isinstance(runtime, str)
             and isinstance(sandbox, str) and isinstance(args, list) and isinstance(pid, int)
-            and isinstance(start, int) and all(isinstance(a, str) for a in args)):  # fmt: skip
+            and isinstance(start, int) and isinstance(bundle, str)
+            and all(isinstance(a, str) for a in args)):  # fmt: skip
         return None
     if not (valid_container_id(cid) and valid_container_id(sandbox) and os.path.isabs(root)
             and os.path.isabs(runtime) and pid > 0 and start > 0):  # fmt: skip
@@ -555,7 +564,7 @@ def _sibling_work(doc: Mapping[str, object]) -> SiblingWork | None:
     if not (invocation.is_delete and invocation.force and invocation.container_id == cid
             and os.path.abspath(invocation.root) == os.path.normpath(root)):  # fmt: skip
         return None
-    return SiblingWork(cid, root, runtime, sandbox, argv, pid, start)
+    return SiblingWork(cid, root, runtime, sandbox, argv, pid, start, bundle)
 
 
 def _work(settings: Settings, kinds: tuple[str, ...] = (OVERLOAD, SIBLING), pending: bool = True) -> set[str]:
