@@ -642,12 +642,16 @@ def finisher_main(held: int) -> None:
     Finisher serves every round, so each record gets at most one entry.
     """
     keep_only_stdio_and(held)
-    step_back()
+    landing = step_back()
     from runc_guard.delete.report import FINISHER_LOCK
     from runc_guard.node.pidns import pid_namespace_view
-    from runc_guard.spool import try_lock
+    from runc_guard.spool import HELPER_STAYED, STAYED_REASON, note_once, try_lock
 
     settings = load()
+    if landing is None and note_once(settings.cache_dir, HELPER_STAYED):
+        log = EventLog(settings.log_level, {})
+        log.warning("helper_cgroup_unknown", helper="finisher", reason=STAYED_REASON)
+        deliver(log, settings, spool_dir(settings.cache_dir))
     if not pid_namespace_view().trusted:
         os.close(held)
         return  # what it leaves, the sweep (which refuses there too, loudly) and audit report
