@@ -6,7 +6,11 @@ until now those cgroups (and runc >= 1.2's kept state) waited for the sweep's
 timer. The delete now starts this finisher, detached (``report.detach_finisher``:
 its own session, /dev/null for stdio, none of containerd's pipes); one serves a
 whole storm, niced, for ``finish_window`` seconds after the last record it saw
-appear. For each pending record it:
+appear. Every record it reads, pending or aside, is held to the one trust rule
+(``pending.RecordRule``: our file, a cgroup's shape and the container's ownership for
+every path, a routed runtime), again under the claim right before it acts; one that
+fails is left with one ``finisher_left`` entry and audit counts it. For each pending
+record it:
 
 1. waits until every recorded cgroup is empty (woken by ``cgroup.events`` where
    the kernel has it), killing nothing, and the record's init is provably dead;
