@@ -138,9 +138,10 @@ def step_back(
     where the node's admin bounds containerd's work (memory, pids, CPU, the
     system-reserved accounting), never a hierarchy's root unless containerd is
     there itself, and never onto CPUs its caller could not use. Returns the
-    directories joined; None when containerd's place is unknown: the helper
-    then stays in its caller's cgroups, as the runtime it runs would, and the
-    caller says so once (:func:`note_once`).
+    directories joined. When containerd's place is unknown the helper stays in
+    its caller's cgroups, as the runtime it runs would: [] when those are no
+    pod's (a sweep's service), None when they are (``kubepods``): the helper
+    then says so once (:func:`note_once`).
     """
     try:
         os.setpriority(os.PRIO_PROCESS, 0, HELPER_NICE)
@@ -155,7 +156,8 @@ def step_back(
     environ = os.environ if environ is None else environ
     home = environ[HOME_ENV] if HOME_ENV in environ else helper_home(os.getpid(), proc)
     if not home:
-        return None
+        own = _read(f"{proc}/self/cgroup").decode("utf-8", "surrogateescape")
+        return None if _in_kubepods(own) else []
     return join_home(home, mountinfo)
 
 
@@ -198,11 +200,17 @@ def helper_home(pid: int, proc: str = "/proc") -> str | None:
             cgroups = _read(f"{proc}/{pid}/cgroup").decode("utf-8", "surrogateescape")
             if comm == b"containerd" and cgroups:
                 return cgroups
-            if cgroups and "kubepods" not in cgroups:
+            if cgroups and not _in_kubepods(cgroups):
                 shim = cgroups
         if pid == 1:
             break
     return shim
+
+
+def _in_kubepods(cgroups: str) -> bool:
+    """Does a ``/proc/<pid>/cgroup`` text name a cgroup below kubelet's (a ``kubepods*`` level)?"""
+    return any(part.startswith("kubepods") for line in cgroups.splitlines()
+               for part in line.partition(":")[2].partition(":")[2].split("/"))  # fmt: skip
 
 
 def _home_paths(home: str) -> tuple[str | None, list[tuple[frozenset[str], str]]]:
@@ -287,8 +295,8 @@ def _never_wider(before: set[int]) -> None:
 #: The note (one per directory and boot, /run) that a helper stayed in its caller's cgroups.
 HELPER_STAYED = ".helper-stayed"
 STAYED_REASON = (
-    "no containerd (nor a shim in containerd's cgroups) above this helper: it stays in its caller's"
-    " cgroups, as the runtime would"
+    "no containerd (nor a shim in containerd's cgroups) above this helper: it stays in the pod's"
+    " cgroups its caller ran in, as the runtime would"
 )
 
 

@@ -278,7 +278,8 @@ def _helper_started_from_a_pod(
     ``leave``: the helper runs step_back first. Everything is let go and removed afterwards."""
     from labkit.kernel import cgroup_mount_points, exited, remove_tree, unique
 
-    pod_name, svc_name = unique("rg-helper-pod"), unique("rg-helper-svc")
+    # a kubepods level, as kubelet names its (no sweep looks below this one: not kubepods[.slice])
+    pod_name, svc_name = unique("kubepods-rgtest-pod"), unique("rg-helper-svc")
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     seen, go = str(tmp_path / "seen"), str(tmp_path / "go")
@@ -286,9 +287,9 @@ def _helper_started_from_a_pod(
         "import json, os, sys, time",
         "sys.path.insert(0, sys.argv[1])",
         "from runc_guard.spool import step_back",
-        *(["step_back()"] if leave else []),
+        f"landing = {'step_back()' if leave else 'False'}",
         "here = {'cwd': os.getcwd(), 'cgroup': open('/proc/self/cgroup').read(),",
-        "        'cpus': sorted(os.sched_getaffinity(0))}",
+        "        'cpus': sorted(os.sched_getaffinity(0)), 'landing': landing}",
         "open(sys.argv[2] + '.tmp', 'w').write(json.dumps(here))",
         "os.rename(sys.argv[2] + '.tmp', sys.argv[2])",
         "end = time.monotonic() + 30",
@@ -381,6 +382,7 @@ def test_a_helper_lands_where_containerd_is_bounded_never_wider(tmp_path: Any) -
         print(f"helper after step_back: {in_service} of {len(paths)} hierarchies in containerd's service "
               f"cgroup, {sum(p == '/' for p in paths)} in a root; CPUs {seen['cpus']} (caller: [0])")
         assert paths and all(p == svc for p in paths), seen["cgroup"]
+        assert sorted(seen["landing"]) == sorted(services), seen
         assert seen["cpus"] == [0], seen
         assert all(_removable(pods))
 
@@ -395,6 +397,7 @@ def test_a_helper_with_no_containerd_above_it_stays_where_it_is(tmp_path: Any) -
         paths = [line.split(":", 2)[2] for line in seen["cgroup"].splitlines()]
         assert paths and all(p == pod for p in paths), seen["cgroup"]
         assert seen["cwd"] == "/" and seen["cpus"] == [0], seen
+        assert seen["landing"] is None, "stayed in a pod's cgroups: the helper says so (once)"
 
 
 def _proc_tree(tmp_path: Any, tree: dict[int, tuple[int, str, str]]) -> str:
