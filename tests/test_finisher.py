@@ -175,6 +175,30 @@ def test_it_finishes_what_an_overloaded_delete_left_to_the_runtime(lab: Lab) -> 
     assert (entry["outcome"], entry["left_by"], entry["removed"]) == ("finished_late", "overload", 2)
 
 
+@pytest.mark.parametrize("kind", ["pending", "overload"])
+def test_a_record_naming_a_runtime_no_route_leads_to_is_left_once(lab: Lab, kind: str) -> None:
+    """Issue 42 case 4: a pending or overload record whose runtime the settings do not route to is
+    never run: the runtime not run, nothing removed, the record kept, one ``finisher_left`` entry
+    however many passes look at it."""
+    dirs = lab.container("c1")
+    tracer = os.path.join(lab.tmp, "elsewhere", "runc")
+    os.makedirs(os.path.dirname(tracer))
+    os.rename(lab.runtime(), tracer)  # a working runtime (it would log its run), at a path no route names
+    if kind == "pending":
+        record = PendingRecord("c1", lab.root, dirs, DEAD_PID, DEAD_START, tracer, 1.0)
+        path = write_record(lab.settings.pending_dir, record)
+    else:
+        aside = write_aside(lab.settings.cache_dir, lab.root, "c1", [], "all slots busy", OVERLOAD, tracer)
+        path = aside or ""
+    finisher = _finisher(lab)
+    for _ in range(3):
+        finisher.pass_once()
+    assert lab.runs() == [] and lab.has_state("c1") and all(lab.fs.exists(d) for d in dirs)
+    assert os.path.exists(path)
+    lefts = [e for e in lab.events() if e["event"] == "finisher_left"]
+    assert len(lefts) == 1 and "not one the settings route to" in lefts[0]["reason"], lefts
+
+
 @pytest.mark.parametrize("why", ["bundle", "alive", "not_its_own", "unsure", "no_state", "busy"])
 def test_an_overload_record_is_left_alone_unless_everything_proves_it_done(lab: Lab, why: str) -> None:
     """Kept as it is (record, state, directories; nothing killed, no runtime run): containerd still

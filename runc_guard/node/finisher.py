@@ -248,14 +248,13 @@ class Finisher:
             if judged is None:
                 self.attempts[path] = MAX_ATTEMPTS  # nothing for the finisher: the sweep and audit judge it
                 continue
-            problem = (rule.runtime_problem(judged.runtime) if isinstance(judged, SiblingWork)
-                       else None if isinstance(judged, str) else rule.problem(judged))  # fmt: skip
-            if problem is not None:
+            problem = None if isinstance(judged, str) else _aside_problem(rule, judged)
+            if problem is None:
+                found.append((path, judged))
+            else:
                 assert not isinstance(judged, str)
                 reason = f"untrusted aside record: {problem}"
                 self._leave(path, judged.container_id, judged.runtime_root, reason)
-            else:
-                found.append((path, judged))
         return found
 
     def _leave(self, path: str, container_id: str, runtime_root: str, reason: str) -> None:
@@ -511,6 +510,14 @@ class Finisher:
         log.info("delete", **entry)
         append_stats(self.settings.stats_file, "finished_late", entry, record.container_id)
         deliver(log, self.settings, spool_dir(self.settings.cache_dir))
+
+
+def _aside_problem(rule: RecordRule, work: PendingRecord | SiblingWork) -> str | None:
+    """Why an aside record's work fails the trust rule: a sibling's runtime (its paths are its own
+    delete's to prove), an overload record's everything."""
+    if isinstance(work, SiblingWork):
+        return rule.runtime_problem(work.runtime)
+    return rule.problem(work)
 
 
 def _has_init(state: ContainerState) -> bool:
