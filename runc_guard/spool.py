@@ -19,7 +19,7 @@ from runc_guard.atomic import read_trusted, write_atomic
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, MutableMapping
 
 #: Files of the spool end in this; the lock and temp files do not.
 SUFFIX = ".entries"
@@ -107,7 +107,9 @@ HELPER_NICE = 19
 
 #: Set by a helper's spawner (delete.report.spawn_detached): the ``/proc/<pid>/cgroup`` text of the
 #: process whose cgroups bound the helper (:func:`helper_home`), found from the spawner's ancestry
-#: while it is still there. Absent (the launcher's start): the helper looks from its own.
+#: while it is still there. Absent (the launcher's start): the helper looks from its own. The
+#: helper takes it out of its environment: the runtimes it runs never see it, and a helper it
+#: starts (the finisher's reporter) stays where the first one already is.
 HOME_ENV = "RUNC_GUARD_HELPER_HOME"
 #: Ancestors looked at, at most (a shim's delete is 2-4 below containerd).
 MAX_ANCESTORS = 32
@@ -116,7 +118,7 @@ MAX_ANCESTORS = 32
 def step_back(
     autogroup: str = "/proc/self/autogroup",
     mountinfo: str = "/proc/self/mountinfo",
-    environ: Mapping[str, str] | None = None,
+    environ: MutableMapping[str, str] | None = None,
     proc: str = "/proc",
 ) -> list[str] | None:
     """A detached helper's second act: run below everything containerd does, and away from its caller.
@@ -154,7 +156,7 @@ def step_back(
         pass
     os.chdir("/")
     environ = os.environ if environ is None else environ
-    home = environ[HOME_ENV] if HOME_ENV in environ else helper_home(os.getpid(), proc)
+    home = environ.pop(HOME_ENV) if HOME_ENV in environ else helper_home(os.getpid(), proc)
     if not home:
         own = _read(f"{proc}/self/cgroup").decode("utf-8", "surrogateescape")
         return None if _in_kubepods(own) else []

@@ -110,7 +110,7 @@ def spawn_detached(program: str, args: list[str], lock: int) -> int:
     environ = dict(os.environ)
     home = helper_home(os.getpid())  # found now, while our ancestry is still there (spool.step_back)
     if home:
-        environ[HOME_ENV] = home  # else what we inherited (a finisher's own), or the helper looks itself
+        environ[HOME_ENV] = home  # else the helper looks from its own ancestry
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
         actions = [(os.POSIX_SPAWN_DUP2, null, fd) for fd in (0, 1, 2)]
