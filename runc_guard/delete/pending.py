@@ -210,15 +210,17 @@ class RecordRule:
         if not valid_container_id(record.container_id) or not os.path.isabs(record.runtime_root):
             return f"not a container id and runtime root: {record.container_id!r}, {record.runtime_root!r}"
         problem = self.runtime_problem(record.runtime)
+        if problem is not None:
+            return problem
         for path in record.cgroup_paths:
-            if problem is not None:
-                break
             try:
                 check_path(path, self.fs, self.mounts)
             except UnsafeCgroupPath as exc:
                 return str(exc)
             problem = ownership_problem(path, record.container_id, self.fs, None, self.patterns)
-        return problem
+            if problem is not None:
+                return problem
+        return None
 
     def runtime_problem(self, runtime: str) -> str | None:
         if runtime in self.runtimes:
