@@ -19,7 +19,16 @@ import time
 
 from runc_guard import cjson, journal
 from runc_guard.atomic import append_line
-from runc_guard.spool import keep_only_stdio_and, pending_files, read_spooled, step_back, try_lock
+from runc_guard.spool import (
+    HELPER_STAYED,
+    STAYED_REASON,
+    keep_only_stdio_and,
+    note_once,
+    pending_files,
+    read_spooled,
+    step_back,
+    try_lock,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -125,7 +134,9 @@ def reporter_main(directory: str, linger: float, held: int) -> None:
     ``held`` is the spool's lock, taken for it by the delete that started it.
     """
     keep_only_stdio_and(held)
-    step_back()
+    if step_back() is None and note_once(directory, HELPER_STAYED):
+        journal.send({"MESSAGE": f"helper_cgroup_unknown: reporter: {STAYED_REASON}", "PRIORITY": 4,
+                      "SYSLOG_IDENTIFIER": journal.IDENTIFIER, "EVENT": "helper_cgroup_unknown"})
     drain_spool(directory, linger, held=held)
 
 

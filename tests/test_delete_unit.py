@@ -129,6 +129,9 @@ class Lab:
                 f"{body}\n{remove}\nexit {status}\n"
             )
         os.chmod(path, 0o755)
+        # routed, as the shim's own runtime is (a record naming a runtime no route names is not trusted)
+        routes = {**self.settings.runtimes, os.path.basename(path): path}
+        self.settings = self.settings.replace(runtimes=routes)
         return path
 
     def invocation_args(self, cid: str) -> list[str]:
@@ -318,7 +321,7 @@ def test_pending_record_is_finished_without_state(lab: Lab) -> None:
         lab.fs.add(d, ())
     write_record(
         lab.settings.pending_dir,
-        PendingRecord("c1", lab.root, dirs, DEAD_PID, DEAD_START, "runc", time.time()),
+        PendingRecord("c1", lab.root, dirs, DEAD_PID, DEAD_START, "/usr/sbin/runc", time.time()),
     )
     assert lab.run("c1", lab.runtime(1, body='echo "container does not exist" >&2')) == 1
     assert not any(lab.fs.exists(d) for d in dirs)
@@ -709,17 +712,21 @@ def test_record_vanishing_between_listdir_and_read_is_skipped(
 
     pending_dir = str(tmp_path / "pending")
     for cid in ("a", "b"):
-        write_record(pending_dir, PendingRecord(cid, "/run/runc", ["/x"], 1, 1, "runc", time.time()))
+        paths = [f"/sys/fs/cgroup/memory/{cid}"]
+        write_record(pending_dir, PendingRecord(cid, "/run/runc", paths, 1, 1, "runc", time.time()))
     real_read = pending.read_record
     gone = record_path(pending_dir, "/run/runc", "a")
 
-    def racing(path: str) -> PendingRecord:
+    def racing(path: str, rule: pending.RecordRule) -> PendingRecord:
         if path == gone:
             os.unlink(path)  # the other delete finished just now
-        return real_read(path)
+        return real_read(path, rule)
 
+    fs = FakeCgroupFs(FakeClock())
+    fs.add("/sys/fs/cgroup/memory")
+    rule = pending.RecordRule(fs, MOUNTS, ["runc"])
     monkeypatch.setattr(pending, "read_record", racing)
-    found = list(pending.iter_records(pending_dir))
+    found = list(pending.iter_records(pending_dir, rule))
     assert [(os.path.basename(p), type(r).__name__) for p, r in found] == [
         (os.path.basename(record_path(pending_dir, "/run/runc", "b")), "PendingRecord")
     ]
@@ -759,7 +766,7 @@ def test_second_delete_of_a_claimed_id_keeps_the_record(lab: Lab) -> None:
     dirs = lab.container("c1", pids=(4242,))
     record = write_record(
         lab.settings.pending_dir,
-        PendingRecord("c1", lab.root, dirs, DEAD_PID, DEAD_START, "runc", time.time()),
+        PendingRecord("c1", lab.root, dirs, DEAD_PID, DEAD_START, "/usr/sbin/runc", time.time()),
     )
     with Claim(lab.settings.pending_dir, lab.root, "c1", lab.clock() + 10, lab.clock) as held:
         assert held == "claimed"

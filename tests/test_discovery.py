@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runc_guard.delete.paths import container_id_of
-from runc_guard.delete.pending import PendingRecord, write_record
+from runc_guard.delete.pending import PendingRecord, RecordRule, write_record
 from runc_guard.errors import EXIT_NO_HIERARCHY, NoCgroupHierarchy
 from runc_guard.node.discovery import (
     Discovery,
@@ -177,7 +177,7 @@ def test_pending_record_joins_its_unit(fake_fs: FakeCgroupFs, tmp_path) -> None:
     make_dirs(fake_fs, path, f"/cg/pids/kubepods/x/{ID1}")
     record_file = write_record(str(tmp_path), _record(ID1, [path, f"/cg/pids/kubepods/x/{ID1}"]))
     discovery = Discovery(HIERARCHIES, discover_kubepods(HIERARCHIES, ["kubepods"], fake_fs))
-    add_pending(discovery, str(tmp_path), fake_fs, MOUNTS)
+    add_pending(discovery, str(tmp_path), RecordRule(fake_fs, MOUNTS, ["/usr/sbin/runc"]))
     unit = discovery.units[ID1]
     assert unit.record == record_file
     assert unit.runtime_root == "/run/containerd/runc/k8s.io"
@@ -199,8 +199,9 @@ def test_pending_record_outside_kubepods_is_its_own_unit(fake_fs: FakeCgroupFs, 
     ("paths", "why"),
     [
         (["/etc/ctr1"], "not below any cgroup mount"),
-        (["/cg/memory/kubepods/burstable/pod11111111"], "not named after container"),
-        (["/cg/memory/system.slice"], "not named after container"),
+        (["/cg/memory/kubepods/burstable/pod11111111"], "pod, QoS or slice level"),
+        (["/cg/memory/system.slice"], "pod, QoS or slice level"),
+        (["/cg/memory/ctr2"], "not named after container ctr1"),
         (["/cg/memory/../../etc/ctr1"], "not a normalised path"),
     ],
 )

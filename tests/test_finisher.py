@@ -175,6 +175,30 @@ def test_it_finishes_what_an_overloaded_delete_left_to_the_runtime(lab: Lab) -> 
     assert (entry["outcome"], entry["left_by"], entry["removed"]) == ("finished_late", "overload", 2)
 
 
+@pytest.mark.parametrize("kind", ["pending", "overload"])
+def test_a_record_naming_a_runtime_no_route_leads_to_is_left_once(lab: Lab, kind: str) -> None:
+    """Issue 42 case 4: a pending or overload record whose runtime the settings do not route to is
+    never run: the runtime not run, nothing removed, the record kept, one ``finisher_left`` entry
+    however many passes look at it."""
+    dirs = lab.container("c1")
+    tracer = os.path.join(lab.tmp, "elsewhere", "runc")
+    os.makedirs(os.path.dirname(tracer))
+    os.rename(lab.runtime(), tracer)  # a working runtime (it would log its run), at a path no route names
+    if kind == "pending":
+        record = PendingRecord("c1", lab.root, dirs, DEAD_PID, DEAD_START, tracer, 1.0)
+        path = write_record(lab.settings.pending_dir, record)
+    else:
+        aside = write_aside(lab.settings.cache_dir, lab.root, "c1", [], "all slots busy", OVERLOAD, tracer)
+        path = aside or ""
+    finisher = _finisher(lab)
+    for _ in range(3):
+        finisher.pass_once()
+    assert lab.runs() == [] and lab.has_state("c1") and all(lab.fs.exists(d) for d in dirs)
+    assert os.path.exists(path)
+    lefts = [e for e in lab.events() if e["event"] == "finisher_left"]
+    assert len(lefts) == 1 and "not one the settings route to" in lefts[0]["reason"], lefts
+
+
 @pytest.mark.parametrize("why", ["bundle", "alive", "not_its_own", "unsure", "no_state", "busy"])
 def test_an_overload_record_is_left_alone_unless_everything_proves_it_done(lab: Lab, why: str) -> None:
     """Kept as it is (record, state, directories; nothing killed, no runtime run): containerd still
@@ -579,6 +603,54 @@ def test_a_sibling_recreated_while_its_delete_waits_is_never_the_runtimes_target
     assert lab.has_state("app")
     entry = [e for e in lab.events() if e["event"] == "delete" and e["container_id"] == "app"][-1]
     assert (entry["outcome"], entry["sandbox_id"]) == ("refused", "sb"), entry
+
+
+def test_a_sibling_recreated_before_its_wait_is_never_killed(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The id is re-created (a new init in its state, a process of it in the same cgroups) after the
+    finisher looked at the sibling and before its delete's wait: identity is looked at under the claim
+    before the first kill, so nothing is killed and the runtime not run (``refused``). Before: the
+    wait killed the new container's process, and only the runtime was refused."""
+    from runc_guard.node import finisher as finisher_mod
+
+    lab.container("sb", labels=SB)
+    dirs = lab.container("app", labels=_of("sb"))  # host PID: the wait may kill stragglers
+    _delete_sandbox(lab)
+    real = finisher_mod.LateSibling.run_sibling
+
+    def recreated_first(self: finisher_mod.LateSibling, state: Any) -> int:
+        _rewrite_state(lab, "app", alive=True)
+        for path in dirs:
+            lab.fs.add(path, [4343])  # the new container's process
+        return real(self, state)
+
+    monkeypatch.setattr(finisher_mod.LateSibling, "run_sibling", recreated_first)
+    run(lab.settings, 60.0, _finisher(lab), quiet=0)
+    assert lab.fs.killed == [] and 4343 in lab.fs.alive
+    assert [r for r in lab.runs() if r.startswith("runtime")] == ["runtime sb"]
+    entry = [e for e in lab.events() if e["event"] == "delete" and e["container_id"] == "app"][-1]
+    assert (entry["outcome"], entry["stragglers_killed"]) == ("refused", []), entry
+
+
+def test_a_sibling_record_names_its_bundle_and_another_bundle_is_another_container(lab: Lab) -> None:
+    """The sandbox's delete records each sibling's bundle; a state with the recorded init but another
+    bundle is not the recorded container: refused, nothing run."""
+    lab.container("sb", labels=SB)
+    lab.container("app", labels=_of("sb"))
+    _delete_sandbox(lab)
+    docs = [doc for _, doc in iter_aside(lab.settings.cache_dir) if doc is not None]
+    assert [d["bundle"] for d in docs] == ["/run/bundles/app"], docs
+    path = os.path.join(lab.root, "app", "state.json")
+    with open(path) as f:
+        doc = json.load(f)
+    doc["config"]["labels"] = ["bundle=/run/bundles/other", *doc["config"]["labels"][1:]]
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    run(lab.settings, 60.0, _finisher(lab), quiet=0)
+    assert [r for r in lab.runs() if r.startswith("runtime")] == ["runtime sb"]
+    entry = [e for e in lab.events() if e["event"] == "delete" and e["container_id"] == "app"][-1]
+    assert entry["outcome"] == "refused", entry
 
 
 def test_siblings_are_deleted_with_the_finisher_off_and_without_the_quiet_wait(lab: Lab) -> None:

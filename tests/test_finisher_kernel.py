@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,7 @@ from labkit.kernel import (
     container_with_hold,
     reported_events,
     wait_for,
+    wait_reported,
 )
 from labkit.scenario import every_slot_taken, gone, guard_env, pod_teardown
 from runc_guard.delete.aside import OVERLOAD, iter_aside
@@ -175,3 +177,64 @@ def test_a_container_recreated_under_the_id_is_never_touched(shim_binary: str, w
                   f"{len(new.pids())} processes, {len(new.cgroup_dirs())} dirs")
         finally:
             new.destroy()
+
+
+# -- a late sibling's identity, under its claim, before any kill (issue 42 case 5) ---------------
+
+
+def test_a_sibling_recreated_before_its_wait_is_never_killed(
+    workdir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sandbox's dead sibling, recorded for the finisher; between the finisher's look at it and
+    its own delete's wait for the cgroups, the id is deleted by the runtime alone and a new
+    container is created under it in the same cgroups (a fixed ``cgroupsPath``). The wait must
+    not kill the new container's processes: its identity (init pid and start time) is looked at
+    under the delete's claim, before any kill. Before: the wait SIGKILLed all 3 of them, and the
+    identity check before the runtime then refused (the harm already done)."""
+    from runc_guard.delete.aside import SIBLING, write_aside
+    from runc_guard.node import finisher as finisher_mod
+    from runc_guard.settings import Settings
+
+    settings = Settings(
+        runtime=RUNC, pending_dir=os.path.join(workdir, "pending"), cache_dir=os.path.join(workdir, "cache"),
+        journal_socket=os.path.join(workdir, "no-journald.socket"),
+        log_file=os.path.join(workdir, "events.jsonl"), stats_file=os.path.join(workdir, "stats.jsonl"),
+        reporter_linger=0.0, finish_window=5.0,
+    )  # fmt: skip
+    old = RuncContainer.start(workdir, children=1)
+    parent = old.cgroup_relative.rsplit("/", 1)[0].strip("/")
+    made: list[RuncContainer] = []
+    try:
+        state = old.state()
+        identity = (state["init_process_pid"], state["init_process_start"])
+        for pid in old.pids():
+            os.kill(pid, signal.SIGKILL)
+        assert wait_for(lambda: not old.pids(), 10)
+        sandbox = "rgtest-sandbox-gone"  # its state is gone: the sibling's bundle does not hold it
+        args = ["--root", old.root, "delete", "--force", old.id]
+        extra = {"sandbox_id": sandbox, "args": args, "init_pid": identity[0], "init_start": identity[1]}
+        assert write_aside(settings.cache_dir, old.root, old.id, old.cgroup_dirs(), "dead sibling", SIBLING,
+                           RUNC, extra)  # fmt: skip
+        real = finisher_mod.LateSibling.run_sibling
+
+        def recreated_first(self: finisher_mod.LateSibling, looked_at: Any) -> int:
+            subprocess.run([RUNC, "--root", old.root, "delete", "--force", old.id], check=True, timeout=30)
+            made.append(RuncContainer.start(workdir, children=2, parent=parent, cid=old.id))
+            return real(self, looked_at)
+
+        monkeypatch.setattr(finisher_mod.LateSibling, "run_sibling", recreated_first)
+        finisher_mod.Finisher(settings).pass_once(siblings_only=True)
+        assert made, "the sibling's delete never started"
+        new = made[0]
+        assert new.cgroup_dirs() == old.cgroup_dirs() or new.cgroup_relative == old.cgroup_relative
+        alive = [p for p in new.pids() if not gone(p)]
+        assert wait_reported(settings.cache_dir)
+        entries = [e for e in reported_events(workdir) if e.get("container_id") == old.id]
+        outcomes = [(e.get("event"), e.get("outcome"), len(e.get("stragglers_killed", []))) for e in entries]
+        print(f"sibling re-created before its wait: {len(alive)} of 3 processes of the new container alive; "
+              f"entries {outcomes}")
+        assert len(alive) == 3, outcomes
+        assert [(o, k) for _, o, k in outcomes] == [("refused", 0)], outcomes
+    finally:
+        for ctr in [*made, old]:
+            ctr.destroy()

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from labkit.kernel import cgroup_mount_points, remove_tree
+from labkit.kernel import RUNC, cgroup_mount_points, remove_tree
 from runc_guard.delete.pending import PendingRecord, write_record
 from tests.hermetic import own_env, own_roots
 
@@ -95,7 +95,7 @@ def test_metrics_on_a_real_leak(parent: str, tmp_path: Path) -> None:
             make_everywhere(parent, f"default/{recorded}"),
             1,
             1,
-            "runc",
+            RUNC,  # the runtime as the delete resolved it
             time.time() - 600,
         ),
     )

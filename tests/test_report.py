@@ -255,60 +255,98 @@ def test_a_detached_helper_runs_below_containerds_session(tmp_path: Any) -> None
     assert group.split()[-1] == str(HELPER_NICE) and int(nice) == HELPER_NICE, (group, nice)
 
 
+def _make_cgroup(mount: str, name: str, cpus: str | None = None) -> str:
+    """``<mount>/<name>``; in a v1 cpuset, with ``cpus`` (the parent's by default) and the parent's mems."""
+    path = os.path.join(mount, name)
+    os.mkdir(path)
+    if os.path.exists(os.path.join(path, "cpuset.cpus")):
+        for knob, value in (("cpuset.cpus", cpus), ("cpuset.mems", None)):
+            wanted = Path(mount, knob).read_text().strip() if value is None else value
+            Path(path, knob).write_text(wanted)
+    return path
+
+
 @contextlib.contextmanager
-def _helper_in_a_pod_cgroup(tmp_path: Any, leave: bool) -> Iterator[tuple[list[str], str, str]]:
-    """A caller in test cgroups (every hierarchy) with its cwd in a bundle directory starts a
-    detached helper, as a serving shim under ``ShimCgroup`` would; yields (the cgroups, what the
-    helper saw of its cwd and /proc/self/cgroup). ``leave``: the helper runs step_back first.
-    The helper is let go and the cgroups removed afterwards, whatever happened."""
+def _helper_started_from_a_pod(
+    tmp_path: Any, leave: bool, containerd: bool = True
+) -> Iterator[tuple[list[str], list[str], dict[str, Any]]]:
+    """A caller in a pod's cgroups (every hierarchy; its v1 cpuset narrowed to CPU 0) with its cwd
+    in a bundle directory starts a detached helper, as a serving shim under ``ShimCgroup`` would.
+    ``containerd``: the caller is the child of a process named ``containerd`` that lives in a service
+    cgroup of its own in every hierarchy (what containerd.service is under systemd). Yields (the
+    pod's cgroups, the service's, what the helper saw: cwd, /proc/self/cgroup, CPU affinity).
+    ``leave``: the helper runs step_back first. Everything is let go and removed afterwards."""
     from labkit.kernel import cgroup_mount_points, exited, remove_tree, unique
 
-    name = unique("rg-helper-pod")
-    # cpuset would want cpus and mems copied before a process may join: the others show it.
-    cgroups = [os.path.join(m, name) for m in cgroup_mount_points() if not m.endswith("/cpuset")]
+    # a kubepods level, as kubelet names its (no sweep looks below this one: not kubepods[.slice])
+    pod_name, svc_name = unique("kubepods-rgtest-pod"), unique("rg-helper-svc")
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     seen, go = str(tmp_path / "seen"), str(tmp_path / "go")
     program = "\n".join([
-        "import os, sys, time",
+        "import json, os, sys, time",
         "sys.path.insert(0, sys.argv[1])",
         "from runc_guard.spool import step_back",
-        *(["step_back()"] if leave else []),
-        "here = os.getcwd() + '|' + open('/proc/self/cgroup').read()",
-        "open(sys.argv[2] + '.tmp', 'w').write(here)",
+        f"landing = {'step_back()' if leave else 'False'}",
+        "here = {'cwd': os.getcwd(), 'cgroup': open('/proc/self/cgroup').read(),",
+        "        'cpus': sorted(os.sched_getaffinity(0)), 'landing': landing}",
+        "open(sys.argv[2] + '.tmp', 'w').write(json.dumps(here))",
         "os.rename(sys.argv[2] + '.tmp', sys.argv[2])",
         "end = time.monotonic() + 30",
         "while not os.path.exists(sys.argv[3]) and time.monotonic() < end:",
         "    time.sleep(0.02)",
     ])
-    caller = "\n".join([
-        "import os, sys",
-        "from runc_guard.delete.report import spawn_detached",
-        f"for p in {cgroups!r}:",
-        "    open(os.path.join(p, 'cgroup.procs'), 'w').write(str(os.getpid()))",
-        f"os.chdir({str(bundle)!r})",
-        f"lock = os.open({str(tmp_path / 'lock')!r}, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)",
-        f"print(spawn_detached({program!r}, [{seen!r}, {go!r}], lock))",
-    ])
+    pods: list[str] = []
+    services: list[str] = []
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     pid = 0
     try:
-        for path in cgroups:
-            os.mkdir(path)
-        done = subprocess.run([sys.executable, "-c", caller], capture_output=True, text=True, timeout=30,
-                              check=False, cwd=repo)
+        for mount in cgroup_mount_points():
+            pods.append(_make_cgroup(mount, pod_name, cpus="0"))
+            services.append(_make_cgroup(mount, svc_name))
+        caller = "\n".join([
+            "import os, sys",
+            "from runc_guard.delete.report import spawn_detached",
+            f"for p in {pods!r}:",
+            "    open(os.path.join(p, 'cgroup.procs'), 'w').write(str(os.getpid()))",
+            f"os.chdir({str(bundle)!r})",
+            f"lock = os.open({str(tmp_path / 'lock')!r}, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)",
+            f"print(spawn_detached({program!r}, [{seen!r}, {go!r}], lock))",
+        ])
+        argv = [sys.executable, "-c", caller]
+        if containerd:  # the caller's parent: a process named containerd in the service's cgroups
+            fake = tmp_path / "containerd"
+            fake.symlink_to(os.path.realpath(sys.executable))
+            parent = "\n".join([
+                "import os, subprocess, sys",
+                f"for p in {services!r}:",
+                "    open(os.path.join(p, 'cgroup.procs'), 'w').write(str(os.getpid()))",
+                "sys.exit(subprocess.run(sys.argv[1:], check=False).returncode)",
+            ])
+            argv = [str(fake), "-I", "-c", parent, *argv]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False, cwd=repo)
         assert done.returncode == 0, done.stderr
         pid = int(done.stdout)
         assert pid > 0 and wait_for(lambda: os.path.exists(seen), timeout=20), done.stderr
         with open(seen) as f:
-            cwd, _, cgroup = f.read().partition("|")
-        yield cgroups, cwd, cgroup
+            yield pods, services, json.load(f)
     finally:
         Path(go).write_text("")
-        if pid > 0:
-            assert wait_for(lambda: exited(pid), timeout=20)
-        for path in cgroups:
+        if pid > 0 and not wait_for(lambda: exited(pid), timeout=20):
+            os.kill(pid, signal.SIGKILL)
+        for path in [*pods, *services]:
             remove_tree(path)
+
+
+def _removable(paths: list[str]) -> list[bool]:
+    removable = []
+    for path in paths:
+        try:
+            os.rmdir(path)
+            removable.append(True)
+        except OSError:
+            removable.append(False)
+    return removable
 
 
 @pytest.mark.kernel
@@ -317,18 +355,95 @@ def test_a_detached_helper_leaves_its_callers_cwd_and_cgroup(tmp_path: Any, leav
     """A helper started from a pod's cgroup, in the bundle directory, holds neither once it has
     stepped back: the pod's cgroups can be removed while it lingers (kubelet's pod cleanup), and
     its cwd is ``/``. The control (no step_back) shows the caller's place is inherited."""
-    with _helper_in_a_pod_cgroup(tmp_path, leave) as (cgroups, cwd, cgroup):
-        name = os.path.basename(cgroups[0])
-        removable = []
-        for path in cgroups:
-            try:
-                os.rmdir(path)
-                removable.append(True)
-            except OSError:
-                removable.append(False)
+    with _helper_started_from_a_pod(tmp_path, leave) as (pods, _services, seen):
+        name = os.path.basename(pods[0])
+        removable = _removable(pods)
         if leave:
-            assert cwd == "/" and name not in cgroup, (cwd, cgroup)
+            assert seen["cwd"] == "/" and name not in seen["cgroup"], seen
             assert all(removable), "the helper keeps none of the caller's cgroups populated"
         else:
-            assert cwd == str(tmp_path / "bundle") and name in cgroup, (cwd, cgroup)
+            assert seen["cwd"] == str(tmp_path / "bundle") and name in seen["cgroup"], seen
             assert not any(removable), "the control: an inherited cgroup stays populated"
+
+
+@pytest.mark.kernel
+def test_a_helper_lands_where_containerd_is_bounded_never_wider(tmp_path: Any) -> None:
+    """Issue 42 case 6: a helper that steps back joins, in every hierarchy, the cgroup of the
+    containerd it was started under (its service cgroup: the admin's memory, pids and CPU bounds),
+    never a hierarchy's root, and its CPU affinity is never wider than its caller's (a cpuset move
+    resets affinity to the new cpuset's CPUs: given back). Before: the root of every hierarchy,
+    affinity widened from the pod's CPU 0 to every CPU."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs to tell a wider affinity")
+    with _helper_started_from_a_pod(tmp_path, leave=True) as (pods, services, seen):
+        svc = "/" + os.path.basename(services[0])
+        paths = [line.split(":", 2)[2] for line in seen["cgroup"].splitlines()]
+        in_service = sum(p == svc for p in paths)
+        print(f"helper after step_back: {in_service} of {len(paths)} hierarchies in containerd's service "
+              f"cgroup, {sum(p == '/' for p in paths)} in a root; CPUs {seen['cpus']} (caller: [0])")
+        assert paths and all(p == svc for p in paths), seen["cgroup"]
+        assert sorted(seen["landing"]) == sorted(services), seen
+        assert seen["cpus"] == [0], seen
+        assert all(_removable(pods))
+
+
+@pytest.mark.kernel
+def test_a_helper_with_no_containerd_above_it_stays_where_it_is(tmp_path: Any) -> None:
+    """No containerd (nor a shim containerd left in its own cgroup) among its ancestors: where the
+    admin bounds it is unknown, so the helper stays where it was started, as the runtime it runs
+    would (finisher_main and reporter_main say so once); it never lands in a root."""
+    with _helper_started_from_a_pod(tmp_path, leave=True, containerd=False) as (pods, _services, seen):
+        pod = "/" + os.path.basename(pods[0])
+        paths = [line.split(":", 2)[2] for line in seen["cgroup"].splitlines()]
+        assert paths and all(p == pod for p in paths), seen["cgroup"]
+        assert seen["cwd"] == "/" and seen["cpus"] == [0], seen
+        assert seen["landing"] is None, "stayed in a pod's cgroups: the helper says so (once)"
+
+
+def _proc_tree(tmp_path: Any, tree: dict[int, tuple[int, str, str]]) -> str:
+    """A /proc with ``pid: (ppid, comm, cgroup text)`` for each process."""
+    proc = tmp_path / "proc"
+    for pid, (ppid, comm, cgroup) in tree.items():
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "stat").write_text(f"{pid} ({comm}) S {ppid} 1 1 0 -1\n")
+        (proc / str(pid) / "comm").write_text(comm[:15] + "\n")
+        (proc / str(pid) / "cgroup").write_text(cgroup)
+    return str(proc)
+
+
+SERVICE = "4:memory:/system.slice/containerd.service\n0::/system.slice/containerd.service\n"
+POD = "4:memory:/kubepods/burstable/pod1234abcd\n0::/kubepods/burstable/pod1234abcd\n"
+
+
+@pytest.mark.parametrize(
+    ("tree", "home"),
+    [
+        # dead-shim cleanup: containerd -> shim delete -> runc-guard (-> the helper's spawner)
+        ({1: (0, "systemd", "0::/init.scope\n"), 10: (1, "containerd", SERVICE),
+          20: (10, "containerd-shim-runc-v2", SERVICE), 30: (20, "runc-guard", SERVICE)}, SERVICE),
+        # serving shim, re-parented to PID 1, where containerd started it
+        ({1: (0, "systemd", "0::/init.scope\n"), 20: (1, "containerd-shim-runc-v2", SERVICE),
+          30: (20, "runc-guard", SERVICE)}, SERVICE),
+        # serving shim moved into the pod (ShimCgroup): unknown
+        ({1: (0, "systemd", "0::/init.scope\n"), 20: (1, "containerd-shim-runc-v2", POD),
+          30: (20, "runc-guard", POD)}, None),
+        # no containerd at all (a runtime called by hand): unknown
+        ({1: (0, "systemd", "0::/init.scope\n"), 30: (1, "bash", "0::/user.slice\n")}, None),
+    ],
+    ids=["containerd-ancestor", "serving-shim", "shim-in-a-pod", "no-containerd"],
+)
+def test_helper_home_is_containerds_cgroups_or_unknown(tmp_path: Any, tree: Any, home: str | None) -> None:
+    """containerd's cgroups when it is an ancestor; a shim's when containerd left it in its own;
+    else unknown (the helper stays where it is)."""
+    from runc_guard.spool import helper_home
+
+    assert helper_home(30, _proc_tree(tmp_path, tree)) == home
+
+
+def test_home_paths_skip_what_leaves_the_cgroup_namespace() -> None:
+    """Each hierarchy's path by its controllers; ``/..`` (outside our cgroup namespace) never joined."""
+    from runc_guard.spool import _home_paths
+
+    unified, v1 = _home_paths("5:cpu,cpuacct:/system.slice/x\n3:name=systemd:/..\n0::/system.slice/x\n")
+    assert unified == "/system.slice/x"
+    assert v1 == [(frozenset({"cpu", "cpuacct"}), "/system.slice/x")]

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from labkit import prereq
-from labkit.kernel import cgroup_mount_points, procs, remove_tree, wait_for
+from labkit.kernel import RUNC, cgroup_mount_points, procs, remove_tree, wait_for
 from runc_guard.cli.sweep import MAX_JOURNAL_IDS
 from runc_guard.delete.pending import PendingRecord, write_record
 from tests.hermetic import own_env, own_roots
@@ -160,7 +160,7 @@ def build_incident(trees: Trees, tmp_path: Path, count: int) -> Incident:
     record = write_record(
         str(tmp_path / "run" / "pending"),
         PendingRecord(recorded, str(tmp_path / "runc" / "default"), trees.make(f"default/{recorded}"),
-                      1, 1, "runc", time.time() - 600),
+                      1, 1, RUNC, time.time() - 600),  # the runtime as the delete resolved it
     )
     levels = ("kubepods", "kubepods/burstable", pod, systemd_pod, "kubepods.slice", "default")
     return Incident(set(orphans), set(orphans.values()), survivors, record, levels)

@@ -152,4 +152,5 @@ def scan(settings: Settings, where: Where, fs: RealCgroupFs, runtime: RuntimeDir
     states = None
     if runtime.orphans is not None:
         states = (runtime.orphans.scan(), time.time(), where.min_age)
-    return discover(where.cgroup_root, where.kubepods, settings.pending_dir, fs, cgroup_mounts(), states)
+    mounts = cgroup_mounts()
+    return discover(where.cgroup_root, where.kubepods, settings.pending_dir, fs, mounts, states, settings)

@@ -11,6 +11,8 @@ from __future__ import annotations
 REMOVED = "removed"
 #: The runtime alone left nothing behind.
 ALREADY_GONE = "already_gone"
+#: No state, and a pending record that fails the trust rule: left as it is, the runtime ran alone.
+RECORD_UNTRUSTED = "record_untrusted"
 
 OUTCOMES = (
     REMOVED,
@@ -24,6 +26,7 @@ OUTCOMES = (
     "stepped_aside",  # not provably the container's own: the runtime ran alone
     "state_kept",  # exit 0 and the runtime kept its state (a running container)
     "record_finished",  # no state, a pending record: finished
+    RECORD_UNTRUSTED,  # no state, a record runc-guard may not act on (pending.RecordRule): left
     "internal_error",  # a bug: exit 70, record kept
     "finished_late",  # after the reply, the finisher completed what a deadline cut short
 )
@@ -33,4 +36,4 @@ MEMCG_LINE = "memcg"
 #: No state and no record: nothing happened; logged at debug only, no stats line.
 UNKNOWN = "unknown"
 #: Outcomes where the runtime decided, not runc-guard: worth a look, not an alarm.
-WARNING_OUTCOMES = frozenset({"stepped_aside", "runtime_failed", "state_kept", "no_state"})
+WARNING_OUTCOMES = frozenset({"stepped_aside", "runtime_failed", "state_kept", "no_state", RECORD_UNTRUSTED})

@@ -14,13 +14,17 @@ import os
 import time
 
 from runc_guard import cjson
-from runc_guard.atomic import write_atomic
+from runc_guard.atomic import read_trusted, write_atomic
 from runc_guard.delete.bounds import crowded, prune_stale_locks
+from runc_guard.shim.argv import valid_container_id
 from runc_guard.values import Value
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterable, Iterator, Mapping
+
+    from runc_guard.delete.cgroupfs import CgroupFsOps
+    from runc_guard.settings import Settings
 
 try:  # hashlib loads OpenSSL: ~2.5 ms of every delete's start-up, for one 12-digit name
     from _sha256 import sha256  # type: ignore[import-not-found,unused-ignore]
@@ -150,15 +154,110 @@ class Claim:
             prune_stale_locks(lock_dir)
 
 
-def find_record(pending_dir: str, runtime_root: str, container_id: str) -> PendingRecord | None:
-    """This container's record, or None when there is none (or it is unreadable)."""
+class UntrustedRecord(ValueError):
+    """A record runc-guard must not act on: not its own file, not one it wrote, or naming what no
+    delete of its container would touch. Left where it is for ``audit`` (and an operator).
+    ``container_id``: the id it names, when it could be parsed (the sweep keeps that unit)."""
+
+    def __init__(self, reason: str, container_id: str | None = None) -> None:
+        super().__init__(reason)
+        self.container_id = container_id
+
+
+class RecordRule:
+    """The one trust rule every reader of a pending record holds it to (:func:`read_record`).
+
+    A record decides what runs as root (its ``runtime``) and what is drained,
+    reclaimed, held (renamed) and removed (its ``cgroup_paths``), so it is
+    trusted no more than the state.json it came from, and re-checked where it
+    is acted on (node.finisher, right before): the id is an id and the root an
+    absolute path; every path has the shape of a cgroup (``paths.check_path``:
+    absolute, normalised, no symlink, on a cgroup filesystem below a mount) and
+    the ownership of the container's own (``paths.ownership_problem``: the leaf
+    names the container, no pod/QoS/slice level); the runtime is one the
+    settings route to (:func:`routed_runtimes`). The file itself must be ours
+    (``atomic.read_trusted``, as for aside, held, spool and routes files).
+    """
+
+    def __init__(
+        self,
+        fs: CgroupFsOps,
+        mounts: Mapping[str, str],
+        runtimes: Iterable[str],
+        patterns: Iterable[str] = (),
+    ) -> None:
+        self.fs = fs
+        self.mounts = mounts
+        self.runtimes = frozenset(runtimes)
+        self.patterns = tuple(patterns)
+
+    @classmethod
+    def of(
+        cls, settings: Settings, fs: CgroupFsOps, mounts: Mapping[str, str],
+        environ: Mapping[str, str] | None = None,
+    ) -> RecordRule:
+        """The rule for ``settings``: their routing and cgroup name patterns, today's mounts."""
+        names = [settings.runtime, *settings.runtimes.values()]
+        routed = routed_runtimes(names, os.environ if environ is None else environ)
+        return cls(fs, mounts, routed, settings.container_cgroup_patterns)
+
+    def problem(self, record: PendingRecord) -> str | None:
+        """Why ``record`` must not be acted on, or None."""
+        # Here, not at the top: the shim's cheap look for a record (record_path) must not load them.
+        from runc_guard.delete.paths import check_path, ownership_problem
+        from runc_guard.errors import UnsafeCgroupPath
+
+        if not valid_container_id(record.container_id) or not os.path.isabs(record.runtime_root):
+            return f"not a container id and runtime root: {record.container_id!r}, {record.runtime_root!r}"
+        problem = self.runtime_problem(record.runtime)
+        if problem is not None:
+            return problem
+        for path in record.cgroup_paths:
+            try:
+                check_path(path, self.fs, self.mounts)
+            except UnsafeCgroupPath as exc:
+                return str(exc)
+            problem = ownership_problem(path, record.container_id, self.fs, None, self.patterns)
+            if problem is not None:
+                return problem
+        return None
+
+    def runtime_problem(self, runtime: str) -> str | None:
+        if runtime in self.runtimes:
+            return None
+        return f"runtime {runtime!r} is not one the settings route to"
+
+
+def routed_runtimes(names: Iterable[str], environ: Mapping[str, str]) -> frozenset[str]:
+    """Every path by which a delete could have found a routed runtime name (shim.runtime.resolve_runtime).
+
+    A path as it is; a bare name in each absolute directory of ``PATH`` and of the
+    default PATH (a sweep under systemd and a shim under containerd may differ).
+    Pure: no file is looked at, so a record's runtime is only ever compared.
+    """
+    from runc_guard.shim.runtime import DEFAULT_PATH
+
+    found = set()
+    directories = [d for d in f"{environ.get('PATH', '')}:{DEFAULT_PATH}".split(":") if os.path.isabs(d)]
+    for name in names:
+        if "/" in name:
+            found.add(name)
+        else:
+            found.update(os.path.join(d, name) for d in directories)
+    return frozenset(found)
+
+
+def find_record(
+    pending_dir: str, runtime_root: str, container_id: str, rule: RecordRule
+) -> PendingRecord | None:
+    """This container's record, or None when there is none. Raises UntrustedRecord (read_record)."""
     path = record_path(pending_dir, runtime_root, container_id)
     try:
-        return read_record(path)
+        return read_record(path, rule)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):
-        return None
+    except OSError as exc:
+        raise UntrustedRecord(f"{path}: {exc.strerror}") from None
 
 
 def write_record(pending_dir: str, record: PendingRecord) -> str:
@@ -176,15 +275,25 @@ def remove_record(path: str) -> None:
         pass
 
 
-def read_record(path: str) -> PendingRecord:
-    """Parse one record; raise ValueError if it is not one runc-guard wrote."""
-    with open(path, "rb") as f:
-        raw = f.read(MAX_RECORD_BYTES + 1)
+def read_record(path: str, rule: RecordRule) -> PendingRecord:
+    """One record, only if runc-guard may act on it (``rule``); raise UntrustedRecord otherwise.
+
+    The one reader of a record file: the delete, the finisher, the sweep and audit
+    all come here. Raises FileNotFoundError when there is none.
+    """
+    raw = read_trusted(path, MAX_RECORD_BYTES + 1)
+    if raw is None:
+        if not os.path.lexists(path):
+            raise FileNotFoundError(path)
+        raise UntrustedRecord(f"{path}: not ours (a symlink, another owner, or writable by others)")
     if len(raw) > MAX_RECORD_BYTES:
-        raise ValueError(f"{path}: larger than {MAX_RECORD_BYTES} bytes")
-    doc = cjson.loads(raw)
+        raise UntrustedRecord(f"{path}: larger than {MAX_RECORD_BYTES} bytes")
+    try:
+        doc = cjson.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise UntrustedRecord(f"{path}: not JSON ({exc})") from None
     if not isinstance(doc, dict):
-        raise ValueError(f"{path}: not a JSON object")
+        raise UntrustedRecord(f"{path}: not a JSON object")
     try:
         record = PendingRecord(
             container_id=str(doc["container_id"]),
@@ -198,7 +307,10 @@ def read_record(path: str) -> PendingRecord:
             sandbox_id=str(doc.get("sandbox_id", "")),
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{path}: malformed record ({exc})") from None
+        raise UntrustedRecord(f"{path}: malformed record ({exc})") from None
+    problem = rule.problem(record)
+    if problem is not None:
+        raise UntrustedRecord(f"{path}: {problem}", record.container_id)
     return record
 
 
@@ -209,8 +321,8 @@ def _mtime(path: str) -> float | None:
         return None
 
 
-def iter_records(pending_dir: str) -> Iterator[tuple[str, PendingRecord | ValueError]]:
-    """Every record under ``pending_dir`` (path, record-or-error), oldest first.
+def iter_records(pending_dir: str, rule: RecordRule) -> Iterator[tuple[str, PendingRecord | ValueError]]:
+    """Every record under ``pending_dir`` (path, record-or-error: read_record), oldest first.
 
     Vanish-safe: a record that a finishing delete removes between the listing
     and the read is simply skipped, never reported as a problem.
@@ -222,7 +334,7 @@ def iter_records(pending_dir: str) -> Iterator[tuple[str, PendingRecord | ValueE
     dated = [(m, p) for p in (os.path.join(pending_dir, n) for n in names) if (m := _mtime(p)) is not None]
     for _, path in sorted(dated):
         try:
-            yield path, read_record(path)
+            yield path, read_record(path, rule)
         except FileNotFoundError:
             continue
         except OSError as exc:

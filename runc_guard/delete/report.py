@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import time
 
-from runc_guard.spool import try_lock, write_spool
+from runc_guard.spool import HOME_ENV, helper_home, try_lock, write_spool
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -107,13 +107,17 @@ def spawn_detached(program: str, args: list[str], lock: int) -> int:
     import sys
 
     argv = _helper_argv(program, args)
+    environ = dict(os.environ)
+    home = helper_home(os.getpid())  # found now, while our ancestry is still there (spool.step_back)
+    if home:
+        environ[HOME_ENV] = home  # else the helper looks from its own ancestry
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
         actions = [(os.POSIX_SPAWN_DUP2, null, fd) for fd in (0, 1, 2)]
         actions.append((os.POSIX_SPAWN_DUP2, lock, _LOCK_FD))
         if not sys.executable:
             return 0
-        return os.posix_spawn(sys.executable, argv, dict(os.environ), file_actions=actions, setsid=True)
+        return os.posix_spawn(sys.executable, argv, environ, file_actions=actions, setsid=True)
     except OSError:
         return 0
     finally:

@@ -42,12 +42,14 @@ from runc_guard.delete.cleanup import (
     drain,
     populated_dirs,
 )
-from runc_guard.delete.outcomes import ALREADY_GONE, REMOVED, UNKNOWN, WARNING_OUTCOMES
-from runc_guard.delete.paths import check_container_paths, check_path, init_started_wall
+from runc_guard.delete.outcomes import ALREADY_GONE, RECORD_UNTRUSTED, REMOVED, UNKNOWN, WARNING_OUTCOMES
+from runc_guard.delete.paths import check_container_paths, init_started_wall
 from runc_guard.delete.pending import (
     BUSY,
     Claim,
     PendingRecord,
+    RecordRule,
+    UntrustedRecord,
     find_record,
     record_path,
     remove_record,
@@ -275,8 +277,18 @@ class DeleteRun:
             raise Outcome("no_state", run.status, str(exc)) from None
         self._with_state(state)
 
+    def _same_container(self) -> None:
+        """Raise Outcome ``refused`` if the id no longer names the container this delete read.
+
+        Looked at under the claim before the first kill, and before every run of
+        the runtime. Nothing to look at for a delete containerd runs: containerd
+        holds the id until it returns. A delete run later (node.finisher.LateSibling)
+        overrides it.
+        """
+
     def _run_runtime(self, deadline: float | None) -> RuntimeRun:
         """One run of the runtime's delete; a forwarded signal ends the whole delete."""
+        self._same_container()
         self.canonical["runtime_runs"] += 1
         run = run_runtime_child(self.runtime, self.args, deadline, self.clock, self._kill_live_init)
         self.canonical["runtime_ms"] = self.canonical.get("runtime_ms", 0) + run.waited_ms
@@ -342,31 +354,32 @@ class DeleteRun:
             self.canonical.setdefault("thawed", []).append(path)
 
     def _without_state(self, reason: str) -> None:
-        """No state: finish a pending record if one is left, else this is a plain passthrough."""
+        """No state: finish a pending record if one is left, else this is a plain passthrough.
+
+        A record that fails the trust rule (pending.RecordRule) is left as it is:
+        the runtime runs as it would with no record, one warning entry says why,
+        and the stats line counts it (``record_untrusted``).
+        """
         with self._claim() as held:
             if held == BUSY:
                 raise Outcome("deadline", EXIT_CGROUP_BUSY, self._busy_reason(), True)
-            record = find_record(self.settings.pending_dir, self.root, self.container_id)
+            rule = RecordRule.of(self.settings, self.fs, self.mounts())
+            try:
+                record = find_record(self.settings.pending_dir, self.root, self.container_id, rule)
+            except UntrustedRecord as exc:
+                run = self._run_runtime(None)
+                raise Outcome(RECORD_UNTRUSTED, run.status, f"pending record left as it is: {exc}") from None
             if record is None:
                 raise Outcome(UNKNOWN, self._run_runtime(None).status, reason)
             run = self._run_runtime(self.deadline)
             self.record = record_path(self.settings.pending_dir, self.root, self.container_id)
-            paths = self._checked_record_paths(record)
+            paths = list(record.cgroup_paths)
             self.canonical["cgroup_paths"] = paths
             self._remove(paths, may_kill=False, watch_foreign=False)
             remove_record(self.record)
             # The runtime's own output and status pass through ("does not exist" is
             # success to containerd); the record's leftovers are gone now.
             raise Outcome("record_finished", run.status)
-
-    def _checked_record_paths(self, record: PendingRecord) -> list[str]:
-        mounts = self.mounts()
-        for path in record.cgroup_paths:
-            try:
-                check_path(path, self.fs, mounts)
-            except UnsafeCgroupPath as exc:
-                raise Outcome("refused", exc.exit_code, f"pending record: {exc}", True) from None
-        return list(record.cgroup_paths)
 
     def _with_state(self, state: ContainerState) -> None:
         self.canonical.update(
@@ -397,6 +410,7 @@ class DeleteRun:
         with self._claim() as held:
             if held == BUSY:
                 raise Outcome("deadline", EXIT_CGROUP_BUSY, self._busy_reason(), True)
+            self._same_container()  # under the claim, before the first kill (the wait) or runtime run
             self.record = self._write_record(state, ownership.paths)
             end = Outcome(*self._delete_container(state, ownership.paths))
         if state.is_sandbox and end.status == 0 and end.outcome in (REMOVED, ALREADY_GONE):
@@ -431,6 +445,7 @@ class DeleteRun:
             self.record = None
         if status is None:
             bound = self.deadline if self.sibling_of else None
+            self._same_container()
             run = run_runtime_child(self.runtime, self.args, bound, self.clock)
             self.canonical["runtime_runs"] += 1
             if run.timed_out:
@@ -719,7 +734,7 @@ class DeleteRun:
             f"dead sibling of sandbox {sandbox.container_id}: its own delete follows the sandbox's reply",
             SIBLING, self.runtime,
             {"sandbox_id": sandbox.container_id, "args": args, "init_pid": state.init_pid,
-             "init_start": state.init_start},
+             "init_start": state.init_start, "bundle": state.labels.get("bundle", "")},
         )  # fmt: skip
         return {"id": state.container_id, "left_for": "finisher" if written else "unrecorded"}
 

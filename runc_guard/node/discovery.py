@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 
 from runc_guard.delete.cgroupfs import CgroupFsOps
 from runc_guard.delete.paths import check_path, container_id_of
-from runc_guard.delete.pending import iter_records
+from runc_guard.delete.pending import RecordRule, UntrustedRecord, iter_records
 from runc_guard.errors import NoCgroupHierarchy, UnsafeCgroupPath
 from runc_guard.node.orphans import ORPHAN, StateFacts, judge
+from runc_guard.settings import Settings
 
 #: Where kubelet puts pods at the top of each hierarchy, per cgroup driver.
 DEFAULT_KUBEPODS = ("kubepods", "kubepods.slice")
@@ -200,38 +201,26 @@ def add_orphans(
         unit.dirs = sorted(set(unit.dirs) | set(inside))
 
 
-def add_pending(
-    discovery: Discovery, pending_dir: str, fs: CgroupFsOps, mounts: Mapping[str, str]
-) -> None:
-    """Merge the shim's pending records into ``discovery.units`` (checked, never trusted)."""
-    for record_file, record in iter_records(pending_dir):
+def add_pending(discovery: Discovery, pending_dir: str, rule: RecordRule) -> None:
+    """Merge the shim's pending records into ``discovery.units``: each under the one trust rule
+    (pending.RecordRule); one that fails it is an error, and the unit it names is kept unsafe."""
+    for record_file, record in iter_records(pending_dir, rule):
         if isinstance(record, ValueError):
             discovery.record_errors[record_file] = str(record)
+            cid = record.container_id if isinstance(record, UntrustedRecord) else None
+            if cid is not None:
+                discovery.units.setdefault(cid, ContainerUnit(cid)).unsafe = str(record)
             continue
         discovery.records[record_file] = (record.container_id, record.created)
         cid = record.container_id
-        unsafe: str | None = None
-        for path in record.cgroup_paths:
-            try:
-                check_path(path, fs, mounts)
-            except UnsafeCgroupPath as exc:
-                unsafe = str(exc)
-                break
-            if not _record_path_ok(cid, path):
-                unsafe = f"refusing cgroup path {path!r}: not named after container {cid}"
-                break
-        if unsafe is not None:
-            discovery.record_errors[record_file] = unsafe
         unit = discovery.units.get(cid)
         if unit is None:
-            unit = discovery.units[cid] = ContainerUnit(cid, pod=_pod_of(record.cgroup_paths, mounts))
+            unit = discovery.units[cid] = ContainerUnit(cid, pod=_pod_of(record.cgroup_paths, rule.mounts))
         unit.record = record_file
         unit.runtime_root = record.runtime_root
         unit.runtime = record.runtime
-        if unsafe is not None:
-            unit.unsafe = unsafe
-            continue
-        unit.dirs = sorted(set(unit.dirs) | set(record.cgroup_paths))
+        if unit.unsafe is None:
+            unit.dirs = sorted(set(unit.dirs) | set(record.cgroup_paths))
 
 
 def discover(
@@ -241,17 +230,19 @@ def discover(
     fs: CgroupFsOps,
     mounts: Mapping[str, str],
     states: tuple[Iterable[StateFacts], float, float] | None = None,
+    settings: Settings | None = None,
 ) -> Discovery:
     """Every container unit below ``cgroup_root``'s kubepods trees, in ``pending_dir``, and orphaned.
 
     ``states`` is (every runtime state looked at, now, min_age) when orphaned
-    runtime state is to be found; None leaves runtime state out of discovery.
+    runtime state is to be found; None leaves runtime state out of discovery. ``settings``:
+    whose routing a record's runtime must match (pending.RecordRule; the defaults when None).
     """
     hierarchies = hierarchies_below(cgroup_root, mounts)
     discovery = Discovery(hierarchies, discover_kubepods(hierarchies, kubepods, fs))
     usable = {h.mount: h.fstype for h in hierarchies}
     if pending_dir is not None:
-        add_pending(discovery, pending_dir, fs, usable)
+        add_pending(discovery, pending_dir, RecordRule.of(settings or Settings(), fs, usable))
     if states is not None:
         looked, now, min_age = states
         add_orphans(discovery, looked, now, min_age, fs, usable)

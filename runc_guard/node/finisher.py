@@ -6,7 +6,11 @@ until now those cgroups (and runc >= 1.2's kept state) waited for the sweep's
 timer. The delete now starts this finisher, detached (``report.detach_finisher``:
 its own session, /dev/null for stdio, none of containerd's pipes); one serves a
 whole storm, niced, for ``finish_window`` seconds after the last record it saw
-appear. For each pending record it:
+appear. Every record it reads, pending or aside, is held to the one trust rule
+(``pending.RecordRule``: our file, a cgroup's shape and the container's ownership for
+every path, a routed runtime), again under the claim right before it acts; one that
+fails is left with one ``finisher_left`` entry and audit counts it. For each pending
+record it:
 
 1. waits until every recorded cgroup is empty (woken by ``cgroup.events`` where
    the kernel has it), killing nothing, and the record's init is provably dead;
@@ -64,11 +68,19 @@ from runc_guard.delete.cleanup import CgroupBusy, CgroupRemovalFailed, CleanupRe
 from runc_guard.delete.memcg_hold import held_dir, iter_held
 from runc_guard.delete.outcomes import MEMCG_LINE
 from runc_guard.delete.paths import check_container_paths, init_started_wall
-from runc_guard.delete.pending import BUSY, Claim, PendingRecord, iter_records, remove_record
+from runc_guard.delete.pending import (
+    BUSY,
+    Claim,
+    PendingRecord,
+    RecordRule,
+    UntrustedRecord,
+    iter_records,
+    remove_record,
+)
 from runc_guard.delete.reclaim import SWEEP_BUDGET as RECLAIM_BUDGET
 from runc_guard.delete.report import EventLog, deliver
 from runc_guard.delete.run import DeleteRun, Outcome, append_stats
-from runc_guard.delete.runtime_child import RuntimeRun, run_runtime_child
+from runc_guard.delete.runtime_child import run_runtime_child
 from runc_guard.delete.state import ContainerState, read_state, runtime_state_exists
 from runc_guard.errors import EXIT_INTERNAL, EXIT_UNSAFE_STATE, RuncGuardError, StateMissing, StateUnreadable
 from runc_guard.node.late_reclaim import LATE_MAX
@@ -116,6 +128,8 @@ class SiblingWork:
     args: list[str]
     init_pid: int
     init_start: int
+    #: The state's bundle when the sandbox's delete recorded it ("" from an older record).
+    bundle: str = ""
 
 
 #: A record's work: a pending record, a sibling to delete, or why it is not ready yet.
@@ -123,27 +137,33 @@ Work = PendingRecord | SiblingWork | str
 
 
 class LateSibling(DeleteRun):
-    """A sandbox's sibling deleted after the sandbox's reply: its wait for the cgroups can take its
-    whole deadline, so right before each runtime run the id's state must still be the recorded
-    container's (init pid and start). A container created under the id meanwhile is never the
-    target of a ``delete --force``: the runtime is not run (``refused``), the record stays."""
+    """A sandbox's sibling deleted after the sandbox's reply: the id can be deleted and created again
+    between the finisher's look at its state and any act of its delete, so under the delete's claim
+    before the first kill (the wait for the cgroups), and again before each runtime run, the id's
+    state must still be the recorded container's (init pid and start time, bundle when known:
+    :meth:`_same_container`). A container created under the id meanwhile is never killed nor the
+    target of a ``delete --force``: ``refused``, the record stays."""
 
     identity: tuple[int, int] = (0, 0)
+    bundle: str = ""
 
-    def _run_runtime(self, deadline: float | None) -> RuntimeRun:
+    def _same_container(self) -> None:
         if not os.path.lexists(os.path.join(self.invocation.root, self.container_id)):
             # Deleted meanwhile (containerd 1.6 deletes a pod's containers itself): the runtime
             # answers "does not exist" and the table removes what that delete left, as a retry would.
-            return super()._run_runtime(deadline)
+            return
         try:
             state = read_state(self.invocation.root, self.container_id, self.mounts)
-            same = (state.init_pid, state.init_start) == self.identity
+            bundle = state.labels.get("bundle", "")
+            same = (state.init_pid, state.init_start) == self.identity and (
+                not self.bundle or not bundle or bundle == self.bundle
+            )
         except (StateMissing, StateUnreadable):  # a directory without state: one being created
             same = False
         if not same:
-            reason = "the id's state changed while its delete waited (re-created?): the runtime was not run"
+            reason = ("the id's state changed while its delete waited (re-created?): nothing was killed"
+                      " and the runtime was not run")  # fmt: skip
             raise Outcome("refused", EXIT_UNSAFE_STATE, reason)
-        return super()._run_runtime(deadline)
 
 
 @dataclass
@@ -198,14 +218,27 @@ class Finisher:
             return False
         return self._finish(path, record)
 
+    def rule(self) -> RecordRule:
+        """The trust rule (pending.RecordRule) for every record, with today's mounts and routing."""
+        return RecordRule.of(self.settings, self.fs, self.mounts())
+
     def _candidates(self, siblings_only: bool = False) -> list[tuple[str, Work]]:
-        """Pending records, then overload aside records as records (or why not yet), then siblings."""
+        """Pending records, then overload aside records as records (or why not yet), then siblings.
+
+        Each must pass the trust rule (a pending record as it is read, an aside
+        record once turned into work); one that does not is left for good, with
+        one ``finisher_left`` entry, and audit counts it.
+        """
         found: list[tuple[str, Work]] = []
-        for path, record in [] if siblings_only else iter_records(self.settings.pending_dir):
-            if isinstance(record, ValueError) or self.attempts.get(path, 0) >= MAX_ATTEMPTS:
+        rule = self.rule()
+        for path, record in [] if siblings_only else iter_records(self.settings.pending_dir, rule):
+            if self.attempts.get(path, 0) >= MAX_ATTEMPTS:
                 continue
-            if valid_container_id(record.container_id) and os.path.isabs(record.runtime_root):
-                found.append((path, record))  # a record is input: an id that is not one names no path
+            if isinstance(record, ValueError):
+                cid = record.container_id if isinstance(record, UntrustedRecord) else None
+                self._leave(path, cid or "", "", f"untrusted pending record: {record}")
+            else:
+                found.append((path, record))
         for path, doc in iter_aside(self.settings.cache_dir):
             kind = doc.get("kind") if doc is not None else None
             kinds = (SIBLING,) if siblings_only else (OVERLOAD, SIBLING)
@@ -214,9 +247,20 @@ class Finisher:
             judged = self._judge_overload(doc) if kind == OVERLOAD else _sibling_work(doc)
             if judged is None:
                 self.attempts[path] = MAX_ATTEMPTS  # nothing for the finisher: the sweep and audit judge it
-            else:
+                continue
+            problem = None if isinstance(judged, str) else _aside_problem(rule, judged)
+            if problem is None:
                 found.append((path, judged))
+            else:
+                assert not isinstance(judged, str)
+                reason = f"untrusted aside record: {problem}"
+                self._leave(path, judged.container_id, judged.runtime_root, reason)
         return found
+
+    def _leave(self, path: str, container_id: str, runtime_root: str, reason: str) -> None:
+        """A record left for good: never looked at again by this finisher, one entry."""
+        self.attempts[path] = MAX_ATTEMPTS
+        self._log_left(container_id, runtime_root, reason, path)
 
     def _judge_overload(self, doc: dict[str, object]) -> PendingRecord | str | None:
         """An overload aside record as a pending record once its runtime state proves it ours.
@@ -295,6 +339,10 @@ class Finisher:
         with claim as held:
             if held == BUSY or not os.path.exists(path):
                 return False
+            problem = self.rule().problem(record)  # right before the runtime runs and anything is removed
+            if problem is not None:
+                self._leave(path, record.container_id, record.runtime_root, f"untrusted record: {problem}")
+                return False
             if not self._clear(path, record):
                 return False
             reruns = 0
@@ -364,7 +412,7 @@ class Finisher:
                                                  "runtime_root": work.runtime_root})  # fmt: skip
         sibling = LateSibling(parse(work.args), list(work.args), work.runtime, self.settings, fs=self.fs,
                               mounts=self.mounts, clock=self.clock, log=log)  # fmt: skip
-        sibling.identity = (work.init_pid, work.init_start)
+        sibling.identity, sibling.bundle = (work.init_pid, work.init_start), work.bundle
         sibling.sibling_of = work.sandbox_id
         sibling.canonical["sandbox_id"] = work.sandbox_id
         remove_record(path)
@@ -380,10 +428,10 @@ class Finisher:
         self.finished.append(work.container_id)
         return True
 
-    def _log_left(self, container_id: str, runtime_root: str, reason: str) -> None:
+    def _log_left(self, container_id: str, runtime_root: str, reason: str, record: str = "") -> None:
         """One entry for a record left for good (to the sweep, audit, or the id's new owner)."""
         log = EventLog(self.settings.log_level, {"container_id": container_id, "runtime_root": runtime_root})
-        log.warning("finisher_left", reason=reason)
+        log.warning("finisher_left", reason=reason, **({"record": record} if record else {}))
         deliver(log, self.settings, spool_dir(self.settings.cache_dir))
 
     def reclaim_held(self) -> int:
@@ -464,6 +512,14 @@ class Finisher:
         deliver(log, self.settings, spool_dir(self.settings.cache_dir))
 
 
+def _aside_problem(rule: RecordRule, work: PendingRecord | SiblingWork) -> str | None:
+    """Why an aside record's work fails the trust rule: a sibling's runtime (its paths are its own
+    delete's to prove), an overload record's everything."""
+    if isinstance(work, SiblingWork):
+        return rule.runtime_problem(work.runtime)
+    return rule.problem(work)
+
+
 def _has_init(state: ContainerState) -> bool:
     """A state that names its init (pid and start time): liveness can be proven."""
     return state.init_pid > 0 and state.init_start > 0
@@ -505,10 +561,11 @@ def _sibling_work(doc: Mapping[str, object]) -> SiblingWork | None:
     """A sibling aside record as work, or None when it is not one a sandbox's delete wrote (input)."""
     cid, root, runtime = doc.get("container_id"), doc.get("runtime_root"), doc.get("runtime")
     sandbox, args = doc.get("sandbox_id"), doc.get("args")
-    pid, start = doc.get("init_pid"), doc.get("init_start")
+    pid, start, bundle = doc.get("init_pid"), doc.get("init_start"), doc.get("bundle", "")
     if not (isinstance(cid, str) and isinstance(root, str) and isinstance(runtime, str)
             and isinstance(sandbox, str) and isinstance(args, list) and isinstance(pid, int)
-            and isinstance(start, int) and all(isinstance(a, str) for a in args)):  # fmt: skip
+            and isinstance(start, int) and isinstance(bundle, str)
+            and all(isinstance(a, str) for a in args)):  # fmt: skip
         return None
     if not (valid_container_id(cid) and valid_container_id(sandbox) and os.path.isabs(root)
             and os.path.isabs(runtime) and pid > 0 and start > 0):  # fmt: skip
@@ -518,12 +575,12 @@ def _sibling_work(doc: Mapping[str, object]) -> SiblingWork | None:
     if not (invocation.is_delete and invocation.force and invocation.container_id == cid
             and os.path.abspath(invocation.root) == os.path.normpath(root)):  # fmt: skip
         return None
-    return SiblingWork(cid, root, runtime, sandbox, argv, pid, start)
+    return SiblingWork(cid, root, runtime, sandbox, argv, pid, start, bundle)
 
 
 def _work(settings: Settings, kinds: tuple[str, ...] = (OVERLOAD, SIBLING), pending: bool = True) -> set[str]:
     """The files a finisher is for: pending records, overload and sibling aside records."""
-    names = {p for p, _ in iter_records(settings.pending_dir)} if pending else set()
+    names = set(json_records(settings.pending_dir)) if pending else set()
     for path, doc in iter_aside(settings.cache_dir):
         if doc is not None and doc.get("kind") in kinds:
             names.add(path)
@@ -596,12 +653,16 @@ def finisher_main(held: int) -> None:
     Finisher serves every round, so each record gets at most one entry.
     """
     keep_only_stdio_and(held)
-    step_back()
+    landing = step_back()
     from runc_guard.delete.report import FINISHER_LOCK
     from runc_guard.node.pidns import pid_namespace_view
-    from runc_guard.spool import try_lock
+    from runc_guard.spool import HELPER_STAYED, STAYED_REASON, note_once, try_lock
 
     settings = load()
+    if landing is None and note_once(settings.cache_dir, HELPER_STAYED):
+        log = EventLog(settings.log_level, {})
+        log.warning("helper_cgroup_unknown", helper="finisher", reason=STAYED_REASON)
+        deliver(log, settings, spool_dir(settings.cache_dir))
     if not pid_namespace_view().trusted:
         os.close(held)
         return  # what it leaves, the sweep (which refuses there too, loudly) and audit report
