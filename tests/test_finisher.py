@@ -883,6 +883,10 @@ def test_the_finisher_ends_whatever_held_records_remain(
         if lifetime is None:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+    # Its entries go through the spool: the reporter it started may still be sending them.
+    from labkit.kernel import wait_reported
+
+    assert wait_reported(str(cache)), "the finisher's reporter did not finish sending its entries"
     lefts = [e for e in (json.loads(line) for line in _lines(tmp_path / "events.jsonl"))
              if e.get("event") == "finisher_left"]  # fmt: skip
     end = f"ended after {lifetime:.2f} s" if lifetime is not None else f"still alive after {bound:.0f} s"
