@@ -3,8 +3,8 @@
 A skipped suite looks green. On a developer's machine that is what you want
 (no containerd 2.2 here, no promtool there); in CI it hides a broken machine
 or a lost setting behind a green run. So every test that needs something the
-machine may lack (the shared runtimes of ``RUNC_GUARD_TEST_RUNTIMES``, journald,
-promtool, systemd-nspawn, qemu, ...) asks :func:`require`, which calls
+machine may lack (a runtime Debian's archive did not give, journald, promtool,
+systemd-nspawn, qemu, ...) asks :func:`require`, which calls
 ``pytest.fail`` when the environment says ``CI=true`` (``.ci/run`` sets it) and
 ``pytest.skip`` otherwise, naming what is missing either way.
 """
