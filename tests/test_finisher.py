@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import runc_guard.delete.report as report_mod
+from labkit.kernel import wait_reported
 from runc_guard.delete.aside import OVERLOAD, iter_aside, write_aside
 from runc_guard.delete.pending import Claim, PendingRecord, record_path, write_record
 from runc_guard.node.finisher import Finisher, run
@@ -884,8 +885,6 @@ def test_the_finisher_ends_whatever_held_records_remain(
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
     # Its entries go through the spool: the reporter it started may still be sending them.
-    from labkit.kernel import wait_reported
-
     assert wait_reported(str(cache)), "the finisher's reporter did not finish sending its entries"
     lefts = [e for e in (json.loads(line) for line in _lines(tmp_path / "events.jsonl"))
              if e.get("event") == "finisher_left"]  # fmt: skip
