@@ -350,6 +350,23 @@ def print_kernel(features: list[dict[str, Any]]) -> None:
         click.echo(line)
 
 
+def memcg_reparenting(mounts: dict[str, str], cache_dir: str | None) -> dict[str, Any]:
+    """Does this kernel free a removed memory cgroup's page cache itself (Linux 7.x), or keep the memcg
+    dying (every LTS kernel)? Told by a probe memcg (node.memcg_probe) as root, once per boot: its
+    answer is cached for the deletes, and read from there after. Not root: the cached answer, if any."""
+    from runc_guard.delete.reclaim import PROBE_FILE, kernel_reparents
+    from runc_guard.node.memcg_probe import describe, ensure_probed, probe
+
+    if os.geteuid() != 0:
+        cached = kernel_reparents(os.path.join(cache_dir, PROBE_FILE)) if cache_dir else None
+        answer, how = cached, "not root: no probe (the cached answer, if any)"
+    elif cache_dir:
+        answer, how = ensure_probed(cache_dir, mounts)
+    else:
+        answer, how = probe(mounts)
+    return {"reparents": answer, "how": how, "meaning": describe(answer)}
+
+
 # -- end of the kernel's features ----------------------------------------------------------------
 
 
@@ -404,6 +421,7 @@ def diagnose(
     problems.extend(driver_problems)
     report["kernel"], kernel_warnings = kernel_report(mounts)
     report["warnings"] = [*report.get("warnings", []), *kernel_warnings]
+    report["memcg_reparenting"] = memcg_reparenting(mounts, settings.cache_dir if settings else None)
     report["problems"] = problems
     return report, problems
 
@@ -458,6 +476,10 @@ def doctor(invoked_as: str, containerd_config: str, runtime_root: str, fmt: str)
             for line in route_lines(report["containerd_routes"]):
                 click.echo(line)
         print_kernel(report["kernel"])
+        reparenting = report["memcg_reparenting"]
+        state = {True: "yes", False: "no", None: "unknown"}[reparenting["reparents"]]
+        click.echo(f"kernel {os.uname().release}: memcg reparenting {state} -> {reparenting['meaning']}"
+                   f" ({reparenting['how']})")
         for warning in report.get("warnings", []):
             click.echo(f"WARNING: {warning}")
         for problem in problems:
