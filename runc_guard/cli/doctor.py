@@ -198,7 +198,7 @@ KERNEL_FEATURES = (
         "no dying-cgroup gauge (v1: /proc/cgroups counts only)",
     ),
     KernelFeature(
-        "memcg reclaim", "5.19 (v2 memory.reclaim; v1 memory.force_empty)",
+        "memcg reclaim", "5.19 (v2 memory.reclaim; v1 a lowered memory.limit_in_bytes)",
         "delete: reclaim a container's empty memory cgroup before its rmdir, so the kernel frees it",
         "memory cgroups are removed with their page cache still charged and stay dying, as with the"
         " runtime alone (runc_guard_memcg_left_charged_total counts them)",
@@ -271,8 +271,9 @@ def _memcg_reclaim(mounts: dict[str, str], release: str) -> tuple[bool | None, s
     """Can this kernel reclaim a memory cgroup on demand (delete.reclaim)? v1 always; v2 since 5.19."""
     for mount, fstype in sorted(mounts.items()):
         if fstype == "cgroup" and os.path.exists(os.path.join(mount, "memory.force_empty")):
-            return True, (f"memory.force_empty in {mount} (cgroup v1); a cache too large for the reply is "
-                          "held aside and reclaimed after it when the finisher is on")
+            return True, (f"cgroup v1 memory in {mount} (reclaimed through a lowered memory.limit_in_bytes); "
+                          "a cache too large for the reply is held aside and reclaimed after it when the "
+                          "finisher is on")
     for mount, fstype in sorted(mounts.items()):
         if fstype != "cgroup2":
             continue
