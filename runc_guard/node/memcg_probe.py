@@ -7,8 +7,9 @@ rmdir (delete.reclaim) frees nothing that would not be freed anyway and only
 evicts. Every LTS kernel nodes run today (5.15, 6.1, 6.6, 6.12; this host's
 6.18) still pins the memcg until its pages go. A version number cannot say which
 (distributions backport, and the series may change before it lands), so the
-kernel is asked: a probe memcg is charged with page cache that outlives it, then
-removed, and what its parent shows afterwards says which kernel this is.
+kernel is asked: a probe memcg is charged with page cache that outlives it (a
+file it read), then removed, and what its parent shows afterwards says which
+kernel this is.
 
 - v2: the parent's ``cgroup.stat`` ``nr_dying_descendants`` 0 with the pages
   still charged to it (``memory.current``): reparented; 1 after WAIT s: pinned.
@@ -19,7 +20,7 @@ removed, and what its parent shows afterwards says which kernel this is.
 Anything else (no memory controller, not root, the pages gone meanwhile: a
 node's proactive reclaim can take them) is unknown, and unknown is what the
 delete already takes as "reclaim, as before" (delete.reclaim explains why). The
-probe costs a mkdir, a child process writing PROBE_BYTES to a file, an rmdir and
+probe costs a mkdir, a child process reading PROBE_BYTES of a file, an rmdir and
 up to WAIT s of polling: it runs in the detached finisher's start (once per boot:
 the answer is cached in the cache directory, in /run) and in ``doctor``, never on
 a delete.
@@ -36,7 +37,7 @@ from collections.abc import Callable, Mapping
 from runc_guard.atomic import write_atomic
 from runc_guard.delete.reclaim import PROBE_FILE, kernel_reparents
 
-#: What the probe memcg is charged with (a file written from inside it, fsync'd: clean page cache).
+#: What the probe memcg is charged with (a file read from inside it: clean page cache, see _charge).
 PROBE_BYTES = 1 << 20
 #: How long the parent is watched after the rmdir: the kernel offlines a memcg from a workqueue.
 WAIT = 2.0
@@ -79,20 +80,34 @@ def decide_v2(nr_dying: int, current: int, charged: int) -> bool | None:
 
 
 def _charge(memcg: str, directory: str) -> None:
-    """A forked child joins ``memcg``, writes PROBE_BYTES to a file in ``directory`` (fsync'd), exits:
-    the pages are charged to the probe memcg, which is empty again once the child is reaped."""
+    """A forked child joins ``memcg``, reads PROBE_BYTES of a file in ``directory``, exits: the pages
+    are charged to the probe memcg, which is empty again once the child is reaped.
+
+    Read, not written: a memcg that wrote a file is also held by the inode's writeback association
+    (cgroup writeback), which reparenting the pages does not end. Measured in a Debian sid guest,
+    kernel 7.2.13: a memcg that read 1 MiB was freed at its rmdir (its pages in the parent's
+    ``memory.current``), one that wrote 1 MiB stayed dying for 60 s, reclaimed first or not. A probe
+    that writes would call that kernel a pinning one.
+    """
+    path = os.path.join(directory, "probe")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        chunk = os.urandom(64 << 10)
+        for _ in range(PROBE_BYTES // len(chunk)):
+            os.write(fd, chunk)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean: dropped, so the child's read charges it
+    finally:
+        os.close(fd)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         code = 1
         try:
             with open(os.path.join(memcg, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
-            fd = os.open(os.path.join(directory, "probe"), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            chunk = bytes(64 << 10)
-            for _ in range(PROBE_BYTES // len(chunk)):
-                os.write(fd, chunk)
-            os.fsync(fd)
-            os.close(fd)
+            with open(path, "rb") as f:
+                while f.read(64 << 10):
+                    pass
             code = 0
         finally:
             os._exit(code)
