@@ -387,3 +387,43 @@ def test_the_budget_starts_at_the_first_charged_memcg_not_the_first_empty_direct
     [(path, until)] = fs.reclaims
     assert path == "/cg/memory/pod/ctr" and until > start + 2.0, (until, start)
     assert report.reclaimed == 1 << 20 and report.unreclaimed == {}
+
+
+def test_dirty_pages_get_short_waits_for_the_flusher_within_the_deadline(
+    tmp_path: Path, kernel: dict[str, Memcg]
+) -> None:
+    """A request that frees nothing while dirty pages are left (the kernel woke the flusher for
+    them) is asked again after WRITEBACK_PAUSE, at most WRITEBACK_WAITS times: here the pages are
+    written back after the second wait and then go."""
+    cg = _memcg(kernel, tmp_path / "cg", cold=MIB, dirty=MIB)
+    real_evict = cg._evict
+    slept: list[float] = []
+    cg._evict = lambda want: 0 if cg.dirty else real_evict(want)  # type: ignore[method-assign]
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 2:
+            cg.dirty = 0
+            cg.sync()
+
+    result = reclaim.reclaim_cold(str(cg.path), reclaim.V1, MIB, float("inf"), sleep=sleep)
+    assert slept == [reclaim.WRITEBACK_PAUSE] * 2 and cg.cold == 0 and result.skipped == ""
+    stuck = _memcg(kernel, tmp_path / "stuck", cold=MIB, dirty=MIB)
+    stuck._evict = lambda want: 0  # type: ignore[method-assign]
+    slept.clear()
+    reclaim.reclaim_cold(str(stuck.path), reclaim.V1, MIB, float("inf"), sleep=slept.append)
+    assert len(slept) == reclaim.WRITEBACK_WAITS
+
+
+def test_v1_finishes_only_a_tiny_clean_remainder_with_force_empty(
+    tmp_path: Path, kernel: dict[str, Memcg]
+) -> None:
+    """Pages still in per-CPU LRU batches are invisible to a lowered limit; force_empty's drain takes
+    them. It is written only for a clean remainder of at most FINAL, never a dirty or larger one."""
+    cases = (("tiny", 0, 16 << 10), ("dirty", 4096, 16 << 10), ("large", 0, 2 * reclaim.FINAL))
+    for name, dirty, left in cases:
+        cg = _memcg(kernel, tmp_path / name, cold=MIB + left, dirty=dirty)
+        real_evict = cg._evict
+        cg._evict = lambda want, e=real_evict, c=cg, keep=left: e(min(want, c.cold - keep))  # type: ignore[misc]
+        reclaim.reclaim_cold(str(cg.path), reclaim.V1, MIB + left, float("inf"), sleep=lambda _: None)
+        assert (("memory.force_empty", "0") in cg.writes) == (name == "tiny"), (name, cg.writes)

@@ -78,6 +78,15 @@ STEP = 8 << 20
 #: tenth of the slower, so a request started in time ends in time.
 RATE = 128 << 20
 PAGE = 4096
+#: A request that freed nothing while dirty pages are left: the kernel has woken the flusher for them,
+#: so the next one waits this long first, at most WRITEBACK_WAITS times, never past the deadline.
+WRITEBACK_PAUSE = 0.01
+WRITEBACK_WAITS = 10
+#: v1: a remainder this small, none of it dirty or under writeback, nothing in use beyond
+#: ACTIVE_SLACK, is finished by ``memory.force_empty``: its lru_add_drain_all takes the pages still
+#: in per-CPU LRU batches (no lowered limit sees those), and with no writeback to wait on, its rounds
+#: over a few pages end at once. Anything larger or dirtier never goes to force_empty.
+FINAL = 64 << 10
 #: Active (in-use) page cache reclaimed with the cold: more than this and none of it is (:func:`reclaimable`).
 ACTIVE_SLACK = 256 << 10
 #: Reclaimed only when at most this much page cache is charged ... (v1's force_empty is all or nothing, and a
@@ -337,19 +346,21 @@ def forbid_swap(path: str, method: str, meminfo: str = "/proc/meminfo") -> str:
 
 def reclaim_cold(
     path: str, method: str, cold: int, deadline: float, clock: Callable[[], float] = time.monotonic,
-    meminfo: str = "/proc/meminfo",
+    meminfo: str = "/proc/meminfo", sleep: Callable[[float], None] = time.sleep,
 ) -> Reclaim:
     """Ask the kernel for at most ``cold`` bytes of the memcg at ``path``, a bounded step at a time.
 
     Each step asks for at most STEP bytes and at most RATE's worth of the time left, and none
     starts past ``deadline``. Stops when a step frees nothing more (what is left is in use, or
-    the kernel cannot drop it now). The caller has forbidden swap (:func:`forbid_swap`).
+    the kernel cannot drop it now; dirty pages get WRITEBACK_WAITS short waits for the flusher).
+    v1 may finish a tiny clean remainder with force_empty (FINAL). The caller has forbidden swap
+    (:func:`forbid_swap`).
     """
     before = read_int(os.path.join(path, USAGE[method]))
     if before is None:
         return Reclaim(None, None, method)
     limit = _limit(path) if method == V1 else None
-    asked, left, skipped = 0, before, ""
+    asked, left, skipped, waits = 0, before, "", 0
     swappiness = b" swappiness=0"
     try:
         while asked + PAGE <= cold:
@@ -378,7 +389,17 @@ def reclaim_cold(
                 skipped = f"{'memory.reclaim' if method == V2 else 'memory.limit_in_bytes'}: {_name(failed)}"
                 break
             if failed or progress < PAGE:
-                break  # the kernel freed what it could of that step: nothing more comes back now
+                cache = cache_of(path, method)
+                if cache is None or not cache.dirty or waits >= WRITEBACK_WAITS:
+                    break  # the kernel freed what it could: nothing more comes back now
+                if deadline - clock() <= WRITEBACK_PAUSE:
+                    skipped = "deadline"
+                    break
+                waits += 1
+                asked -= size  # that step freed (almost) nothing: ask again once the flusher has run
+                sleep(WRITEBACK_PAUSE)
+        if method == V1 and not skipped:
+            left = _finish_v1(path, left, deadline, clock, sleep)
     finally:
         if limit is not None:
             write_control(os.path.join(path, "memory.limit_in_bytes"), limit)
@@ -386,6 +407,29 @@ def reclaim_cold(
 
 
 USAGE = {V1: "memory.usage_in_bytes", V2: "memory.current"}
+
+
+def _finish_v1(
+    path: str, left: int, deadline: float, clock: Callable[[], float], sleep: Callable[[float], None]
+) -> int:
+    """force_empty on a v1 remainder of at most FINAL, in use at most ACTIVE_SLACK, once it is clean
+    (WRITEBACK_WAITS short waits at most, within the deadline); the usage after."""
+    for _ in range(WRITEBACK_WAITS + 1):
+        cache = cache_of(path, V1)
+        if cache is None or not 0 < cache.file <= FINAL or cache.active > ACTIVE_SLACK:
+            return left
+        if not cache.dirty:
+            break
+        if deadline - clock() <= WRITEBACK_PAUSE:
+            return left
+        sleep(WRITEBACK_PAUSE)
+    else:
+        return left
+    if clock() >= deadline:
+        return left
+    write_control(os.path.join(path, "memory.force_empty"), b"0")
+    after = read_int(os.path.join(path, USAGE[V1]))
+    return left if after is None else after
 
 
 def _limit(path: str) -> bytes | None:
