@@ -32,9 +32,9 @@ that many pages read again, once.
 - Bounded: each request asks the kernel for at most STEP bytes, and for no more
   than RATE says it drops in the time left, and none starts past the deadline.
   v2 writes that to ``memory.reclaim``; v1 lowers ``memory.limit_in_bytes`` by it
-  (mem_cgroup_resize_max reclaims until the usage fits, then returns), never
+  (mem_cgroup_resize_max reclaims until the usage fits, then returns).
   ``memory.force_empty``, which loops until the usage is 0 and no deadline can
-  interrupt it.
+  interrupt, only ever gets a tiny clean remainder (FINAL).
 - On a kernel that reparents a dead memcg's page cache itself (the "reparent LRU
   folios" series, Linux 7.x), removing the memcg frees it and a reclaim would
   only evict: nothing is reclaimed there. Which kernel this is is a behaviour
@@ -89,8 +89,8 @@ WRITEBACK_WAITS = 10
 FINAL = 64 << 10
 #: Active (in-use) page cache reclaimed with the cold: more than this and none of it is (:func:`reclaimable`).
 ACTIVE_SLACK = 256 << 10
-#: Reclaimed only when at most this much page cache is charged ... (v1's force_empty is all or nothing, and a
-#: v2 reclaim that gives up at its budget would have cost the reply that time for nothing)
+#: Reclaimed only when at most this much page cache is reclaimable ... (a reclaim that gives up at its
+#: budget would have cost the reply that time for nothing; a larger one is held on v1)
 MAX_CHARGE = 128 << 20
 #: ... of which at most this much is dirty or under writeback (memory.stat).
 MAX_DIRTY = 4 << 20

@@ -4,12 +4,13 @@ A held memcg is a container's own, empty, renamed within its parent on cgroup v1
 because its page cache was too large or too dirty to reclaim on the reply's
 time. The finisher calls :func:`step` on each held record once per pass (every
 POLL s at most): one step reclaims at most STEP bytes, so the reclaim's CPU is
-paced, and only cold page cache, never by swap, through delete.reclaim's bounded
-requests (reclaim_cold: a lowered limit, never ``memory.force_empty``). Page cache
-on the active list (more than ACTIVE_SLACK) is in use, maybe by a running
-container: once nothing cold is left the memcg is removed with it, as the runtime alone would; dirty pages are
-left to the kernel's flusher (runc-guard adds no I/O of its own: the flusher
-writes them back within ``dirty_expire_centisecs`` as it would have anyway),
+paced, and only cold page cache, never by swap, through delete.reclaim's
+bounded requests (reclaim_cold: a lowered limit; force_empty only for a tiny
+clean rest). Page cache on the active list (more than ACTIVE_SLACK) is in use,
+maybe by a running container: once nothing cold is left the memcg is removed
+with it, as the runtime alone would; dirty pages are left to the kernel's
+flusher (runc-guard adds no I/O of its own: the flusher writes them back
+within ``dirty_expire_centisecs`` as it would have anyway),
 and nothing is done while PSI says the node waits on its memory or its disk.
 Once no page cache is charged, the directory is removed and the kernel frees
 the memcg; after LATE_MAX it is removed as it is (dying, as the runtime alone
