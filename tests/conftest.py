@@ -34,6 +34,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     figures.terminal_summary(terminalreporter, config)
 
 
+@pytest.fixture(autouse=True)
+def _no_memcg_probe(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit test that runs doctor in-process makes no probe memcg and caches no answer in the node's
+    cache directory (node.memcg_probe); kernel tests probe for real."""
+    if "kernel" in request.keywords:
+        return
+    from runc_guard.node import memcg_probe
+
+    monkeypatch.setattr(memcg_probe, "probe", lambda mounts, *a, **kw: (None, "not probed: a unit test"))
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()

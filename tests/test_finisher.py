@@ -759,7 +759,7 @@ def test_a_held_memcg_keeps_the_finisher_until_it_is_reclaimed(
     held, record = _held(lab, "c1", "too much dirty (writeback would block)")
     steps: list[str] = []
 
-    def step(path: str, got: dict[str, object]) -> Step:
+    def step(path: str, got: dict[str, object], reparents: bool = False) -> Step:
         steps.append(str(got["held"]))
         if len(steps) < 4:
             return Step(False, 64 << 20, 192 << 20, "dirty pages waiting for writeback")
@@ -786,7 +786,7 @@ def test_one_pass_reclaims_a_bounded_share_of_all_held_memcgs(
         _held(lab, name)
     stepped: list[str] = []
 
-    def step(path: str, got: dict[str, object]) -> Step:
+    def step(path: str, got: dict[str, object], reparents: bool = False) -> Step:
         stepped.append(str(got["container_id"]))
         return Step(False, finisher_mod.HELD_PASS_BYTES // 2 + 1, 1 << 30, "reclaiming")
 
@@ -811,7 +811,8 @@ def test_a_held_record_dated_ahead_never_keeps_the_finisher_past_its_give_up(
     doc["created"] = time.time() + 10 * finisher_mod.HELD_GIVE_UP
     with open(record, "w") as f:
         json.dump(doc, f)
-    monkeypatch.setattr(finisher_mod, "late_step", lambda _p, _d: Step(False, why="a cgroup appeared in it"))
+    appeared = Step(False, why="a cgroup appeared in it")
+    monkeypatch.setattr(finisher_mod, "late_step", lambda _p, _d, **_: appeared)
     started = lab.clock()
 
     def bounded(_fs: Any) -> None:

@@ -84,7 +84,8 @@ def test_dirty_pages_are_held_not_reclaimed_on_the_reply_where_a_hold_is_possibl
 
 def test_reclaim_leaves_dirty_pages_to_a_hold_on_v1_only(tmp_path: Path) -> None:
     v1 = _v1(tmp_path / "v1", 2 << 20)
-    (v1 / "memory.stat").write_text(f"cache {2 << 20}\nrss 0\ndirty 4096\nwriteback 0\n")
+    cold = f"inactive_file {2 << 20}\n"  # written once: on the inactive list, cold
+    (v1 / "memory.stat").write_text(f"cache {2 << 20}\nrss 0\ndirty 4096\nwriteback 0\n{cold}")
     (v1 / "memory.force_empty").write_text("")
     result = reclaim(str(v1), float("inf"), hold_dirty=True)
     assert result.skipped == DIRTY and (v1 / "memory.force_empty").read_text() == ""
@@ -92,10 +93,10 @@ def test_reclaim_leaves_dirty_pages_to_a_hold_on_v1_only(tmp_path: Path) -> None
     v2 = tmp_path / "v2"
     v2.mkdir()
     (v2 / "memory.current").write_text(f"{2 << 20}\n")
-    (v2 / "memory.stat").write_text(f"anon 0\nfile {2 << 20}\nfile_dirty 4096\nfile_writeback 0\n")
+    (v2 / "memory.stat").write_text(f"anon 0\nfile {2 << 20}\nfile_dirty 4096\nfile_writeback 0\n{cold}")
     (v2 / "memory.reclaim").write_text("")
     reclaim(str(v2), float("inf"), hold_dirty=True)  # cgroup2 has no rename: nothing to leave it to
-    assert (v2 / "memory.reclaim").read_text() == str(2 << 20)
+    assert (v2 / "memory.reclaim").read_text() == f"{2 << 20} swappiness=0"
 
 
 def test_hold_records_first_then_renames_beside_the_original(tmp_path: Path) -> None:

@@ -190,8 +190,14 @@ def test_what_reclaim_cannot_drop_is_named_on_the_real_kernel(
         assert left.skipped.startswith(reclaim.LEFT) and reclaim.holdable(left.skipped), left.skipped
         assert shmem.skipped == reclaim.SHMEM and not reclaim.holdable(shmem.skipped), shmem.skipped
         assert shm_usage >= MIB, "the control: nothing took the tmpfs pages"
-        # Unlocked, the same page cache goes: what was left was the lock's, not the reclaim's.
-        assert reclaim.reclaim(locked, time.monotonic() + 1).skipped == ""
+        # Unlocked, the same page cache goes: what was left was the lock's, not the reclaim's. A page or
+        # two of ext4 metadata the journal dirtied meanwhile may stay, named and holdable: the reclaim no
+        # longer waits on writeback without bound (issue 42 case 3: force_empty did).
+        unlocked = reclaim.reclaim(locked, time.monotonic() + 1)
+        left = reclaim.page_cache(locked, reclaim.V1)
+        small = left is not None and left[0] <= 16 << 10
+        named = reclaim.holdable(unlocked.skipped) and small
+        assert unlocked.skipped == "" or named, (unlocked.skipped, left)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmpfs)

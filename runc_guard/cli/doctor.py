@@ -198,7 +198,7 @@ KERNEL_FEATURES = (
         "no dying-cgroup gauge (v1: /proc/cgroups counts only)",
     ),
     KernelFeature(
-        "memcg reclaim", "5.19 (v2 memory.reclaim; v1 memory.force_empty)",
+        "memcg reclaim", "5.19 (v2 memory.reclaim; v1 a lowered memory.limit_in_bytes)",
         "delete: reclaim a container's empty memory cgroup before its rmdir, so the kernel frees it",
         "memory cgroups are removed with their page cache still charged and stay dying, as with the"
         " runtime alone (runc_guard_memcg_left_charged_total counts them)",
@@ -271,8 +271,9 @@ def _memcg_reclaim(mounts: dict[str, str], release: str) -> tuple[bool | None, s
     """Can this kernel reclaim a memory cgroup on demand (delete.reclaim)? v1 always; v2 since 5.19."""
     for mount, fstype in sorted(mounts.items()):
         if fstype == "cgroup" and os.path.exists(os.path.join(mount, "memory.force_empty")):
-            return True, (f"memory.force_empty in {mount} (cgroup v1); a cache too large for the reply is "
-                          "held aside and reclaimed after it when the finisher is on")
+            return True, (f"cgroup v1 memory in {mount} (reclaimed through a lowered memory.limit_in_bytes); "
+                          "a cache too large for the reply is held aside and reclaimed after it when the "
+                          "finisher is on")
     for mount, fstype in sorted(mounts.items()):
         if fstype != "cgroup2":
             continue
@@ -350,6 +351,23 @@ def print_kernel(features: list[dict[str, Any]]) -> None:
         click.echo(line)
 
 
+def memcg_reparenting(mounts: dict[str, str], cache_dir: str | None) -> dict[str, Any]:
+    """Does this kernel free a removed memory cgroup's page cache itself (Linux 7.x), or keep the memcg
+    dying (every LTS kernel)? Told by a probe memcg (node.memcg_probe) as root, once per boot: its
+    answer is cached for the deletes, and read from there after. Not root: the cached answer, if any."""
+    from runc_guard.delete.reclaim import PROBE_FILE, kernel_reparents
+    from runc_guard.node.memcg_probe import describe, ensure_probed, probe
+
+    if os.geteuid() != 0:
+        cached = kernel_reparents(os.path.join(cache_dir, PROBE_FILE)) if cache_dir else None
+        answer, how = cached, "not root: no probe (the cached answer, if any)"
+    elif cache_dir:
+        answer, how = ensure_probed(cache_dir, mounts)
+    else:
+        answer, how = probe(mounts)
+    return {"reparents": answer, "how": how, "meaning": describe(answer)}
+
+
 # -- end of the kernel's features ----------------------------------------------------------------
 
 
@@ -404,6 +422,7 @@ def diagnose(
     problems.extend(driver_problems)
     report["kernel"], kernel_warnings = kernel_report(mounts)
     report["warnings"] = [*report.get("warnings", []), *kernel_warnings]
+    report["memcg_reparenting"] = memcg_reparenting(mounts, settings.cache_dir if settings else None)
     report["problems"] = problems
     return report, problems
 
@@ -458,6 +477,10 @@ def doctor(invoked_as: str, containerd_config: str, runtime_root: str, fmt: str)
             for line in route_lines(report["containerd_routes"]):
                 click.echo(line)
         print_kernel(report["kernel"])
+        reparenting = report["memcg_reparenting"]
+        state = {True: "yes", False: "no", None: "unknown"}[reparenting["reparents"]]
+        click.echo(f"kernel {os.uname().release}: memcg reparenting {state} -> {reparenting['meaning']}"
+                   f" ({reparenting['how']})")
         for warning in report.get("warnings", []):
             click.echo(f"WARNING: {warning}")
         for problem in problems:

@@ -184,7 +184,9 @@ def sweep(
     _warn_fixed_only(click.get_current_context(), pacing["pacing"])
     require_host_pid_namespace("sweep")
     settings = load_settings()
-    fs = RealCgroupFs()
+    from runc_guard.delete.reclaim import PROBE_FILE
+
+    fs = RealCgroupFs(os.path.join(settings.cache_dir, PROBE_FILE))  # its reclaim honours the probe's answer
     runtime = runtime_dirs(settings, where, redrive_timeout)
     discovery = scan(settings, where, fs, runtime)
     options = SweepOptions(
@@ -242,13 +244,15 @@ def _finish_held(settings: Settings, report: SweepReport) -> None:
     import time
 
     from runc_guard.delete.memcg_hold import iter_held
+    from runc_guard.delete.reclaim import PROBE_FILE, kernel_reparents
     from runc_guard.node.finisher import HELD_GIVE_UP
     from runc_guard.node.late_reclaim import step
 
+    reparents = kernel_reparents(os.path.join(settings.cache_dir, PROBE_FILE)) is True
     for path, doc in iter_held(settings.cache_dir):
         if doc is None or time.time() - float(doc["created"]) < HELD_GIVE_UP:
             continue
-        result = step(path, doc, final=True)
+        result = step(path, doc, final=True, reparents=reparents)
         report.memcg_reclaimed_kb += result.reclaimed >> 10
         if result.done:
             report.held_cleared += 1

@@ -55,7 +55,14 @@ class CgroupFsOps(Protocol):
 
 
 class RealCgroupFs:
-    """The real kernel. Every method is one or two syscalls and documents its errors."""
+    """The real kernel. Every method is one or two syscalls and documents its errors.
+
+    ``memcg_probe``: node.memcg_probe's cached answer (delete.reclaim.PROBE_FILE in the cache
+    directory), read only by a reclaim that finds page cache charged.
+    """
+
+    def __init__(self, memcg_probe: str | None = None) -> None:
+        self.memcg_probe = memcg_probe
 
     def fs_magic(self, path: str) -> int:
         return statfs_type(path)
@@ -176,7 +183,7 @@ class RealCgroupFs:
         """Reclaim the pages charged to the empty memory cgroup ``path`` (delete.reclaim), by ``deadline``."""
         from runc_guard.delete.reclaim import reclaim
 
-        return reclaim(path, deadline, hold_dirty=hold_dirty)
+        return reclaim(path, deadline, hold_dirty=hold_dirty, probe=self.memcg_probe)
 
     def stop_load_balance(self, path: str) -> None:
         """Write 0 to a cgroup v1 cpuset's ``cpuset.sched_load_balance``, before its rmdir.

@@ -56,6 +56,7 @@ from runc_guard.delete.pending import (
     write_record,
 )
 from runc_guard.delete.reclaim import DELETE_BUDGET as RECLAIM_BUDGET
+from runc_guard.delete.reclaim import PROBE_FILE
 from runc_guard.delete.report import EventLog, deliver, detach_finisher
 from runc_guard.delete.runtime_child import RuntimeRun, run_runtime_child
 from runc_guard.delete.state import (
@@ -159,7 +160,7 @@ class DeleteRun:
         self.args = args
         self.runtime = runtime
         self.settings = settings
-        self.fs: CgroupFsOps = fs or RealCgroupFs()
+        self.fs: CgroupFsOps = fs or RealCgroupFs(os.path.join(settings.cache_dir, PROBE_FILE))
         self.mounts = mounts
         self.clock = clock
         #: The deadline counts from the process start (``started``) when the caller knows it.

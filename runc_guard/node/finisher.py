@@ -182,6 +182,9 @@ class Finisher:
     #: When this finisher first looked at each held-memcg record (its clock): the records it has seen,
     #: and a give-up bound that no record's ``created`` (a stepped clock, hostile input) can stretch.
     held_since: dict[str, float] = field(default_factory=dict)
+    #: Whether the kernel reparents a removed memcg's page cache (node.memcg_probe, at start-up):
+    #: a held memcg is then removed without a reclaim. None: not known, reclaimed as before.
+    kernel_reparents: bool | None = None
 
     def now(self) -> float:
         return self.clock()
@@ -450,7 +453,7 @@ class Finisher:
                 left += 1  # this pass has reclaimed its share: the next one goes on
                 continue
             try:
-                result = late_step(path, doc)
+                result = late_step(path, doc, reparents=self.kernel_reparents is True)
             except Exception as exc:  # noqa: BLE001 - one record's failure is its own
                 self.attempts[path] = MAX_ATTEMPTS
                 reason = f"{type(exc).__name__}: {exc}"
@@ -666,7 +669,13 @@ def finisher_main(held: int) -> None:
     if not pid_namespace_view().trusted:
         os.close(held)
         return  # what it leaves, the sweep (which refuses there too, loudly) and audit report
-    finisher = Finisher(settings)
+    from runc_guard.delete.reclaim import PROBE_FILE
+    from runc_guard.node.memcg_probe import ensure_probed
+
+    # once per boot (cached in the cache directory): does this kernel free a removed memcg itself?
+    reparents, _ = ensure_probed(settings.cache_dir, cgroup_mounts())
+    fs = RealCgroupFs(os.path.join(settings.cache_dir, PROBE_FILE))
+    finisher = Finisher(settings, fs=fs, kernel_reparents=reparents)
     seen: set[str] = set()
     lock: int | None = held
     while lock is not None:

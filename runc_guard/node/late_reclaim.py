@@ -4,12 +4,17 @@ A held memcg is a container's own, empty, renamed within its parent on cgroup v1
 because its page cache was too large or too dirty to reclaim on the reply's
 time. The finisher calls :func:`step` on each held record once per pass (every
 POLL s at most): one step reclaims at most STEP bytes, so the reclaim's CPU is
-paced; dirty pages are left to the kernel's flusher (runc-guard adds no I/O of
-its own: the flusher writes them back within ``dirty_expire_centisecs`` as it
-would have anyway), and nothing is done while PSI says the node waits on its
-memory or its disk. Once no page cache is charged, the directory is removed and
-the kernel frees the memcg; after LATE_MAX it is removed as it is (dying, as the
-runtime alone would have left it), and the entry says why.
+paced, and only cold page cache, never by swap, through delete.reclaim's
+bounded requests (reclaim_cold: a lowered limit; force_empty only for a tiny
+clean rest). Page cache on the active list (more than ACTIVE_SLACK) is in use,
+maybe by a running container: once nothing cold is left the memcg is removed
+with it, as the runtime alone would; dirty pages are left to the kernel's
+flusher (runc-guard adds no I/O of its own: the flusher writes them back
+within ``dirty_expire_centisecs`` as it would have anyway),
+and nothing is done while PSI says the node waits on its memory or its disk.
+Once no page cache is charged, the directory is removed and the kernel frees
+the memcg; after LATE_MAX it is removed as it is (dying, as the runtime alone
+would have left it), and the entry says why.
 
 Every record is input: the held path must be the original's sibling under the
 held name, on a cgroup v1 hierarchy, not a symlink, with a memory controller.
@@ -29,11 +34,17 @@ from runc_guard.delete.reclaim import (
     IO_PRESSURE,
     IO_PRESSURE_MAX,
     MAX_DIRTY,
+    PAGE,
+    RATE,
     V1,
+    cache_of,
+    forbid_swap,
+    in_use,
     io_pressure,
     page_cache,
     read_int,
-    write_control,
+    reclaim_cold,
+    reclaimable,
 )
 from runc_guard.libc import statfs_type
 
@@ -99,11 +110,13 @@ def _pressure(io: str, memory: str) -> str:
 def step(
     record: str, doc: Mapping[str, object], *, final: bool = False, now: Callable[[], float] = time.time,
     io: str = IO_PRESSURE, memory: str = MEMORY_PRESSURE, fs_type: Callable[[str], int] = statfs_type,
+    reparents: bool = False,
 ) -> Step:
     """One paced step on the held memcg ``doc`` names (``record``: its file, dropped when done).
 
     ``final``: the sweep's call, once: reclaim what can be reclaimed now, then remove it
-    (charged or not) unless a process or child cgroup is in it.
+    (charged or not) unless a process or child cgroup is in it. ``reparents``: the kernel moves a
+    removed memcg's page cache to its parent (node.memcg_probe): removed at once, nothing reclaimed.
     """
     held = trusted(doc, fs_type)
     if held is None:
@@ -117,23 +130,30 @@ def step(
             drop(record)
             return Step(True, why="gone")
         return Step(False, why="memory.stat unreadable")
-    usage, cache, dirty = found
+    _, cache, dirty = found
     if occupied(held):
         return Step(False, left=cache, why="a process or cgroup appeared in it")
     created = doc.get("created")
     late = final or not isinstance(created, (int, float)) or now() - float(created) >= LATE_MAX
     waits = _pressure(io, memory) or ("dirty pages waiting for writeback" if dirty > MAX_DIRTY else "")
     reclaimed = 0
+    if reparents:
+        cache, late, waits = 0, True, ""  # removed, its pages move to the parent: it is not left dying
     if cache and not waits:
-        if cache <= STEP:
-            failed = write_control(os.path.join(held, "memory.force_empty"), b"0")
-        else:  # v1 reclaims down to a lowered limit: one STEP of page cache, no more
-            failed = write_control(os.path.join(held, "memory.limit_in_bytes"), str(usage - STEP).encode())
-        after = _usage(held)
-        if after is not None:
-            reclaimed = max(0, cache - after[1])
-            usage, cache = after[0], after[1]
-        waits = f"reclaim: {os.strerror(failed)}" if failed and cache else ""
+        lru = cache_of(held, V1)
+        if lru is not None and reclaimable(lru) < PAGE:
+            waits, late = in_use(lru), True  # nothing cold: what is left is in use, it stays as it is
+        else:
+            waits = forbid_swap(held, V1)
+        if not waits and lru is not None:
+            # one STEP of cold page cache at most, in delete.reclaim's bounded requests
+            budget = min(STEP, reclaimable(lru))
+            result = reclaim_cold(held, V1, budget, time.monotonic() + 2 * budget / RATE + 0.1)
+            after = _usage(held)
+            if after is not None:
+                reclaimed = max(0, cache - after[1])
+                cache = after[1]
+            waits = result.skipped if cache else ""
     if cache and not late:
         return Step(False, reclaimed, cache, waits or "reclaiming")
     try:
