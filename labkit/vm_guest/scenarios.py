@@ -336,15 +336,21 @@ def start_held(pod: Pod) -> tuple[str, int, str]:
     writeback). Hybrid: the scope's own ``blkio.throttle.write_bps_device`` and a
     direct write (v1 has no cgroup writeback and its blk-throttle is flat).
     """
-    if LAYOUT == UNIFIED:
+    if LAYOUT == UNIFIED and pod.cgroupfs:
+        # No unit to set a property on: kubelet's cgroupfs driver writes the pod cgroup's files itself.
+        rdev = os.stat(DEVICE).st_rdev
+        with open(os.path.join(pod.slice_dir, "io.max"), "w") as f:
+            f.write(f"{os.major(rdev)}:{os.minor(rdev)} wbps={RATE}")
+    elif LAYOUT == UNIFIED:
         sh("systemctl", "set-property", "--runtime", pod.slice, f"IOWriteBandwidthMax={DEVICE} {RATE}")
+    if LAYOUT == UNIFIED:
         write = f"busybox dd if=/dev/zero of=/data/slow bs={SLOW_BYTES} count=1 conv=fsync 2>/data/dd.err"
     else:
         write = ("while [ ! -e /data/go ]; do sleep 0.2; done; "
                  f"busybox dd if=/dev/zero of=/data/slow bs={SLOW_BYTES} count=1 oflag=direct 2>/data/dd.err")
     script = f"sleep 1000 & sleep 1000 & {write} & wait"
     cid = pod.create(["/bin/sh", "-c", script], data=True)
-    procs = os.path.join(pod.slice_dir, scope(cid))
+    procs = os.path.join(pod.slice_dir, cid if pod.cgroupfs else scope(cid))
     if LAYOUT == UNIFIED:
         limit = read(os.path.join(pod.slice_dir, "io.max"))
     else:

@@ -132,7 +132,7 @@ def add_handlers(handlers: Any, pairs: dict[str, str]) -> None:
     for name, binary in controls.items():
         handler = copy.deepcopy(handlers["runc"])
         handler["options"]["BinaryName"] = binary
-        handler["options"]["SystemdCgroup"] = name not in CGROUPFS
+        handler["options"]["SystemdCgroup"] = name not in CGROUPFS and not name.endswith("-fs")
         handlers[name] = handler
 
 
@@ -257,8 +257,14 @@ def setup_16() -> None:
 
 
 def setup_native_2() -> None:
-    """sid's node: its own containerd 2.x from its own default config, the same handlers."""
+    """sid's node: its own containerd 2.x from its own default config, the same handlers.
+
+    crun also with the cgroupfs driver (``stock-crun-fs`` / ``runc-crun-fs``): issue 41 item 4
+    asks for crun behind runc-guard with and without the systemd driver.
+    """
     pairs = extra_pairs()
+    if "crun" in pairs:
+        pairs["crun-fs"] = pairs["crun"]
     mount_data()
     write_config_2("containerd", CONFIG, pairs)
     configured = sh("runc-guardctl", "configure", "containerd", *guarded(pairs), "--restart", timeout=300)
