@@ -12,11 +12,11 @@ The cells (``labkit/vm_guest/scenarios.py``, figures in docs/vm.md): a teardown
 held by throttled writeback (``io.max`` on the pod slice, a ``busybox dd`` in D
 state for ~8 s) on Path A (``StopContainer`` with timeout 0) and Path B (init
 and shim SIGKILLed), then ``runc-guardctl audit`` / ``sweep`` / ``metrics``; a
-real memcg OOM restarted like CrashLoopBackOff; and last, the node upgraded in
-place to Debian sid's containerd 2.1 (its own default config, ``SystemdCgroup =
-true``, ``runc-guardctl configure containerd``) and Path B under it in front of
-sid's runc 1.3 (handlers ``stock-13`` / ``runc-13``: cgroup.kill on v2, state
-kept on a failed destroy), stock vs runc-guard. The hybrid layout
+real memcg OOM restarted like CrashLoopBackOff; and v2's ``memory.reclaim`` on
+kernel 6.1. containerd 2.1.9 with runc 1.3.6 and crun 1.28 run on the modern node,
+Debian sid's own packages on its own kernel (``integration/test_vm_modern_node.py``);
+this node upgraded in place to them is ``python -m bench.vm_cells --layout unified
+--containerd 2.1 --runc 1.3``. The hybrid layout
 (``systemd.unified_cgroup_hierarchy=0``) needs a boot of its own and does not
 fit the module's CI budget: ``python -m bench.vm_cells --layout hybrid`` runs
 its cells (docs/vm.md). Path B with a sibling container in the pod is
@@ -27,9 +27,8 @@ What the module needs is checked before the boot. The boot and the node check ru
 Debian 12's own packages (containerd 1.6.20, runc 1.1.5). Every cell drives the
 guest's CRI with ``labkit.cri_client`` (Debian 12 packages no crictl), whose stubs
 the guest compiles from the CRI's ``api.proto`` (sid's ``golang-k8s-cri-api-dev``);
-the containerd 2.x cell also needs sid's runc 1.3 and containerd 2.1. All three come
-from Debian's archive (``labkit.runtimes``): when it cannot be reached and nothing is
-cached, those cells skip naming the package, or fail under ``CI=true``
+it comes from Debian's archive (``labkit.runtimes``): when it cannot be reached and
+nothing is cached, those cells skip naming the package, or fail under ``CI=true``
 (labkit.prereq), before anything boots for them.
 """
 
@@ -45,10 +44,7 @@ from labkit import prereq, runtimes, vm
 
 STOCK, GUARD = "stock", "runc"
 HANDLERS = f"{STOCK},{GUARD}"
-#: sid's runc 1.3 (cgroup.kill on v2, keeps its state on a failed destroy): the same pair in front of it.
-STOCK_13, GUARD_13 = "stock-13", "runc-13"
 PAIR = (STOCK, GUARD)
-PAIR_13 = (STOCK_13, GUARD_13)
 #: Restarts per handler in the module's crash loop (bench/vm_crashloop.py runs the long one).
 CRASH_RESTARTS = 2
 
@@ -61,14 +57,6 @@ def cri() -> None:
     arguments in order), so a machine without it never boots for a cell it skips.
     """
     runtimes.require(runtimes.CRI_API_PROTO)
-
-
-@pytest.fixture(scope="module")
-def upgrade() -> str:
-    """The containerd 2.x cell's binaries from Debian sid (runc 1.3, containerd 2.1); 2.1's version."""
-    runtimes.require(vm.GUEST_RUNC)
-    runtimes.require(vm.GUEST_CONTAINERD)
-    return runtimes.upstream(runtimes.version(vm.GUEST_CONTAINERD.package))
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +89,9 @@ def teardowns(cri: None, node: vm.VM) -> dict[str, dict[str, Any]]:
         "path-a": cell(node, "teardown", HANDLERS, "a", "pod"),
         # kubelet's default, own PID namespace: init waits in do_exit for the writer.
         "path-b": cell(node, "teardown", HANDLERS, "b", "container"),
-        # runc 1.3 (cgroup.kill, state kept on failure) runs under containerd 2.1 below, what
-        # 2.x ships; under 1.6.20 too in `python -m bench.vm_cells --layout unified --runc 1.3`
-        # (56 s more here than make test's budget holds).
+        # runc 1.3.6 (cgroup.kill, state kept on failure) runs under containerd 2.1.9 on the modern
+        # node (test_vm_modern_node.py); under 1.6.20 in `python -m bench.vm_cells --layout unified
+        # --runc 1.3` (56 s more here than make test's budget holds).
     }
     ids = [c for result in cells.values() for h in result if isinstance(result[h], dict)
            for c in result[h]["ids"].values()]  # fmt: skip
@@ -255,41 +243,6 @@ def test_oom_crash_loop(cri: None, node: vm.VM, record_property: Any) -> None:
     assert [(a["dirs"], a["state"], a["records"]) for a in after] == [(0, False, 0)] * len(after), after
     # journald is the system journal: every container runc-guard deleted has its entries there.
     assert guard["journal_silent"] == 0, guard
-
-
-@pytest.fixture(scope="module")
-def containerd2(upgrade: str, teardowns: dict[str, Any], node: vm.VM) -> dict[str, Any]:
-    """The node upgraded in place to containerd 2.1, then its Path B cell (runc 1.3, what 2.x ships).
-
-    Last in the module: stopping containerd 1.6.20 ends every 1.6 cell.
-    """
-    setup: dict[str, Any] = node.guest("setup.py", "containerd2", timeout=900)
-    result = cell(node, "teardown", ",".join(PAIR_13), "b", "container")
-    ids = [c for h in PAIR_13 for c in result[h]["ids"].values()]
-    tools: dict[str, Any] = node.guest("scenarios.py", "node-tools", "-", *ids, timeout=900)
-    return {"version": upgrade, "setup": setup, "path-b": result, "tools": tools}
-
-
-def test_containerd2_path_b(containerd2: dict[str, Any], node: vm.VM, record_property: Any) -> None:
-    """containerd 2.1 configured by runc-guardctl from its own default config: Path B, stock vs runc-guard."""
-    setup, version = containerd2["setup"], containerd2["version"]
-    assert version in setup["containerd_version"], setup
-    assert node.disk.runtimes is not None
-    runc = node.disk.runtimes["runc"]
-    handlers = setup["handlers"]
-    assert handlers[STOCK_13] == {"binary": runc["path"], "systemd": True}, handlers
-    assert handlers[GUARD_13]["systemd"] is True, handlers
-    assert handlers[GUARD_13]["binary"].startswith("/usr/bin/runc-guard"), handlers
-    figure(record_property, f"vm containerd {version} ({setup['debian_version']}): {setup['configure'][:3]}")
-    name = f"path-b containerd-{version} runc-{runtimes.upstream(runc['version'])}"
-    check_path_b(containerd2["path-b"], PAIR_13, name, record_property)
-    tools = containerd2["tools"]
-    figure(record_property, f"vm containerd {version} sweep: rc {tools['sweep_rc']}: "
-           f"{tools['sweep'][:1]}; metrics {tools['metrics']}")  # fmt: skip
-    assert tools["sweep_rc"] == 0, tools
-    cid = containerd2["path-b"][GUARD_13]["ids"]["work"]
-    left = tools["left"][cid]
-    assert (left["dirs"], left["records"]) == (0, 0), (cid, left)
 
 
 #: Ten memory cgroups under one parent per front, each charged with 1 MiB of a file that outlives
