@@ -20,7 +20,9 @@ Figures are TCG's (docs/vm.md).
 ``--node sid``: the modern node (``labkit.vm.SID``: kernel 7.x, systemd 26x,
 containerd 2.1 with its own default config, runc 1.3 and crun 1.28 as Debian
 installs them, unified only): ``--runc 1.3`` is its own runc behind ``stock`` /
-``runc``, ``--runc crun`` its crun behind ``stock-crun`` / ``runc-crun``.
+``runc``, ``--runc crun`` its crun behind ``stock-crun`` / ``runc-crun``, ``--runc
+crun-fs`` the same crun with the cgroupfs driver. ``integration/test_vm_modern_node.py``
+runs sid's Path A / Path B cells in ``make test``; this runs the others (``b+sibling``).
 
 Run: ``python -m bench.vm_cells --layout hybrid [--containerd 1.6] [--runc 1.1] [--path b]``, or
 ``python -m bench.vm_cells --node sid --layout unified --runc crun``.
@@ -41,7 +43,8 @@ from labkit import vm
 #: sid's own runc 1.3, or its crun 1.28.
 PAIRS = {
     vm.BOOKWORM: {"1.1": ("stock", "runc"), "1.3": ("stock-13", "runc-13")},
-    vm.SID: {"1.3": ("stock", "runc"), "crun": ("stock-crun", "runc-crun")},
+    vm.SID: {"1.3": ("stock", "runc"), "crun": ("stock-crun", "runc-crun"),
+             "crun-fs": ("stock-crun-fs", "runc-crun-fs")},
 }
 #: ``--containerd``: Debian 12's 1.6.20, or sid's 2.1 (labkit.vm.GUEST_CONTAINERD) upgraded to in place
 #: (the sid node runs its own 2.1 either way).
@@ -142,7 +145,7 @@ def main() -> None:
     parser.add_argument("--layout", choices=(vm.UNIFIED, vm.HYBRID), default=vm.HYBRID)
     parser.add_argument("--node", choices=vm.NODES, default=vm.BOOKWORM)
     parser.add_argument("--containerd", choices=CONTAINERDS, default="1.6")
-    parser.add_argument("--runc", choices=("1.1", "1.3", "crun"), default="1.1")
+    parser.add_argument("--runc", choices=("1.1", "1.3", "crun", "crun-fs"), default="1.1")
     parser.add_argument("--path", choices=("a", "b", "b+sibling"), default="b")
     args = vm_bench_args(parser)
     started = time.monotonic()
