@@ -75,7 +75,7 @@ def test_doctor_says_which_front_door_containerd_runs(
     tmp_path: Any, shim_binary: str, python_entry: str
 ) -> None:
     """The launcher (ELF) or the Python entry (a script): per handler and for the installed shim."""
-    from runc_guard.cli.doctor import LAUNCHER, PYTHON_ENTRY, front_door
+    from runc_guard.node.doctor import LAUNCHER, PYTHON_ENTRY, front_door
 
     assert (front_door(shim_binary), front_door(python_entry)) == (LAUNCHER, PYTHON_ENTRY)
     assert front_door(str(tmp_path / "absent")).startswith("unknown")

@@ -218,8 +218,8 @@ def test_the_sweep_finishes_only_what_a_finisher_gave_up_on(tmp_path: Path) -> N
     import time
     from types import SimpleNamespace
 
-    from runc_guard.cli.sweep import _finish_held
     from runc_guard.node.finisher import HOLD_MAX
+    from runc_guard.node.host import finish_held
     from runc_guard.node.sweep import SweepReport
 
     cache = tmp_path / "cache"
@@ -232,7 +232,7 @@ def test_the_sweep_finishes_only_what_a_finisher_gave_up_on(tmp_path: Path) -> N
             Path(path).write_text(json.dumps(doc))
     os.rename(old, str(tmp_path / "elsewhere"))  # its directory gone: the sweep drops the record
     report = SweepReport(False, [])
-    _finish_held(SimpleNamespace(cache_dir=str(cache)), report)  # type: ignore[arg-type]
+    finish_held(SimpleNamespace(cache_dir=str(cache)), report)  # type: ignore[arg-type]
     assert report.held_cleared == 1 and report.errors == []
     assert [doc["held"] for _, doc in memcg_hold.iter_held(str(cache)) if doc] == [young]
 

@@ -15,10 +15,10 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from labkit import prereq
-from runc_guard.cli.audit import node_families
 from runc_guard.node.audit import AuditReport, PodLeak
 from runc_guard.node.cgroupstats import families as kernel_families
 from runc_guard.node.cgroupstats import read_kernel
+from runc_guard.node.host import node_families
 from runc_guard.node.metrics import apply_delete_line, new_state, record_sweep, render
 from tests.test_cgroupstats import CGROUP_STAT, PROC_CGROUPS
 

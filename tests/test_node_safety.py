@@ -145,7 +145,7 @@ def test_left_alone_state_is_listed_but_not_a_problem(tmp_path: Path, proc: str,
 
 def test_default_roots_judge_only_containerds() -> None:
     """runtime_dirs: containerd's root is judged; the flat defaults only keep; --orphan-root adds one."""
-    from runc_guard.cli.scan import Where, runtime_dirs
+    from runc_guard.node.host import Where, runtime_dirs
     from runc_guard.node.orphans import DEFAULT_FLAT_ROOTS
     from runc_guard.settings import load
 
@@ -224,7 +224,7 @@ def journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.
 
 def test_refusal_raises_exit_77_and_logs(tmp_path: Path, journal: socket.socket) -> None:
     """sweep/audit from a foreign namespace: ForeignPidNamespace (77) and an error entry in the journal."""
-    from runc_guard.cli.scan import require_host_pid_namespace
+    from runc_guard.node.host import require_host_pid_namespace
 
     proc = ns_proc(tmp_path, 1, None)  # /proc/self is "1", we are not
     with pytest.raises(pidns.ForeignPidNamespace) as caught:
@@ -361,14 +361,14 @@ def proc(tmp_path: Path) -> str:
 )
 def test_kernel_at_least(since: str, release: str, expected: bool | None) -> None:
     """uname -r against the feature's first version."""
-    from runc_guard.cli.doctor import kernel_at_least
+    from runc_guard.node.doctor import kernel_at_least
 
     assert kernel_at_least(since, release) is expected
 
 
 def test_kernel_report_without_cgroup2_or_psi(tmp_path: Path) -> None:
     """No cgroup2 mounted: its files are missing, each with what degrades; PSI absent likewise."""
-    from runc_guard.cli.doctor import kernel_report
+    from runc_guard.node.doctor import kernel_report
 
     features, warnings = kernel_report({"/sys/fs/cgroup/memory": "cgroup"}, str(tmp_path / "no-pressure"))
     present = {f["name"]: f["present"] for f in features}
@@ -381,7 +381,7 @@ def test_kernel_report_without_cgroup2_or_psi(tmp_path: Path) -> None:
 
 def test_kernel_report_reads_a_cgroup2_child(tmp_path: Path) -> None:
     """cgroup.events/kill/stat are told by a non-root cgroup2 directory's files."""
-    from runc_guard.cli.doctor import kernel_report
+    from runc_guard.node.doctor import kernel_report
 
     child = tmp_path / "cg2" / "system.slice"
     child.mkdir(parents=True)
@@ -403,7 +403,7 @@ def test_kernel_report_tells_whether_memory_cgroups_can_be_reclaimed(
 ) -> None:
     """v1's memory.force_empty, or v2's memory.reclaim in a child with the memory controller (5.19+);
     without either, doctor says what stays as it is (issue 32)."""
-    from runc_guard.cli.doctor import kernel_report
+    from runc_guard.node.doctor import kernel_report
 
     mounts: dict[str, str] = {}
     if layout == "v1":

@@ -548,7 +548,7 @@ def test_drivers_in_use(tmp_path: Any) -> None:
 )
 def test_configured_drivers(text: str, expected: dict[str, str]) -> None:
     """Each CRI handler's SystemdCgroup, in config versions 2 and 3; absent means cgroupfs."""
-    from runc_guard.cli.doctor import configured_drivers
+    from runc_guard.node.doctor import configured_drivers
 
     assert configured_drivers(text) == expected
 

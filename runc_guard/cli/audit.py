@@ -3,33 +3,23 @@
 from __future__ import annotations
 
 import json
-import os
-import time
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from runc_guard.cli.scan import Where, require_host_pid_namespace, runtime_dirs, scan, scan_options
-from runc_guard.delete.cgroupfs import RealCgroupFs, cgroup_mounts
-from runc_guard.errors import NoCgroupHierarchy, RuncGuardError
+from runc_guard.cli.scan import scan_options
+from runc_guard.errors import RuncGuardError
 from runc_guard.node.audit import (
     DEFAULT_PENDING_MAX_AGE,
     NPD_UNKNOWN,
     AuditReport,
-    audit,
-    families,
-    fronted_runtime,
-    held_memcgs,
-    judge,
-    lost_entries,
-    stepped_aside,
 )
-from runc_guard.settings import Settings, load
+from runc_guard.node.host import Where, audit_leniently, write_metrics
 
 if TYPE_CHECKING:
-    from runc_guard.node.metrics import Family
+    pass
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -52,89 +42,6 @@ def judge_options(func: F) -> F:
         metavar="N",
         help="Report a problem only when more than N containers have leaked cgroups.",
     )(func)
-
-
-def run_audit(
-    settings: Settings,
-    where: Where,
-    max_leaked: int,
-    pending_max_age: float,
-    config_error: str | None = None,
-) -> tuple[AuditReport, int, float]:
-    """Scan, classify and judge; returns the report, the NPD exit code and the time."""
-    require_host_pid_namespace("audit")
-    fs = RealCgroupFs()
-    now = time.time()
-    runtime = runtime_dirs(settings, where)
-    discovery = scan(settings, where, fs, runtime)
-    report = audit(discovery, fs, runtime, now, where.min_age)
-    report.runtime = fronted_runtime(os.environ)
-    report.aside = stepped_aside(settings.cache_dir, fs, now)
-    report.lost_entries = lost_entries(settings.cache_dir)
-    report.held_memcgs = held_memcgs(settings.cache_dir, now)
-    code = judge(report, max_leaked, pending_max_age, config_error)
-    return report, code, now
-
-
-def audit_leniently(
-    where: Where, max_leaked: int, pending_max_age: float
-) -> tuple[Settings, str | None, AuditReport, int, float]:
-    """:func:`run_audit` with the settings file read leniently, for audit and metrics.
-
-    An invalid settings file is a problem to report, not a reason to stop auditing:
-    valid keys apply, the rest keep their defaults (as in the delete path), and
-    the problem (naming the key) comes back as ``config_error``.
-    """
-    settings = load()
-    config_error = "; ".join(settings.problems) or None
-    report, code, now = run_audit(settings, where, max_leaked, pending_max_age, config_error)
-    return settings, config_error, report, code, now
-
-
-def node_families(
-    config_error: str | None,
-    report: AuditReport | None,
-    now: float,
-    cgroup_root: str,
-    kubepods: tuple[str, ...],
-) -> list[Family]:
-    """Every fresh gauge: settings validity, the audit's view (when it ran) and the kernel's counters."""
-    from runc_guard.node.cgroupstats import families as kernel_families
-    from runc_guard.node.cgroupstats import read_kernel
-    from runc_guard.node.discovery import hierarchies_below
-    from runc_guard.node.metrics import Family
-
-    out = [
-        Family.one(
-            "runc_guard_config_valid",
-            "1 when runc-guard's settings file (and RUNC_GUARD_* variables) are valid.",
-            0 if config_error else 1,
-        )
-    ]
-    if report is not None:
-        out.extend(families(report, now))
-    try:
-        mounts = {h.mount: h.fstype for h in hierarchies_below(cgroup_root, cgroup_mounts())}
-    except (NoCgroupHierarchy, OSError):
-        mounts = {}
-    out.extend(kernel_families(read_kernel(mounts, kubepods)))
-    return out
-
-
-def write_metrics(
-    settings: Settings,
-    config_error: str | None,
-    report: AuditReport | None,
-    now: float,
-    cgroup_root: str,
-    kubepods: tuple[str, ...],
-    output: str | None,
-) -> str:
-    """Fold the shim's stats, add every fresh gauge, write ``output`` atomically; return the text."""
-    from runc_guard.node.metrics import export
-
-    gauges = node_families(config_error, report, now, cgroup_root, kubepods)
-    return export(settings.stats_file, gauges, now, output)
 
 
 def _print_text(report: AuditReport, quiet: bool) -> None:

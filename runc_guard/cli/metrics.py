@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
-from runc_guard.cli.audit import audit_leniently, judge_options, write_metrics
-from runc_guard.cli.scan import Where, scan_options
+from runc_guard.cli.audit import judge_options
+from runc_guard.cli.scan import scan_options
+from runc_guard.node.host import Where, audit_leniently, write_metrics
 
 
 @click.command(name="metrics", short_help="Write Prometheus metrics for node_exporter's textfile collector.")

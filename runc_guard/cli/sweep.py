@@ -13,8 +13,17 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from runc_guard.cli.scan import F, Where, require_host_pid_namespace, runtime_dirs, scan, scan_options
-from runc_guard.delete.cgroupfs import RealCgroupFs
+from runc_guard.cli.scan import F, scan_options
+from runc_guard.node.host import (
+    Where,
+    clear_aside,
+    finish_held,
+    host_fs,
+    require_host_pid_namespace,
+    runtime_dirs,
+    scan,
+    send_spooled,
+)
 from runc_guard.node.orphans import DEFAULT_REDRIVE_TIMEOUT
 from runc_guard.node.pacing import PACING_MODES, PacingSettings
 from runc_guard.node.sweep import (
@@ -184,9 +193,7 @@ def sweep(
     _warn_fixed_only(click.get_current_context(), pacing["pacing"])
     require_host_pid_namespace("sweep")
     settings = load_settings()
-    from runc_guard.delete.reclaim import PROBE_FILE
-
-    fs = RealCgroupFs(os.path.join(settings.cache_dir, PROBE_FILE))  # its reclaim honours the probe's answer
+    fs = host_fs(settings)  # its reclaim honours the memcg probe's answer
     runtime = runtime_dirs(settings, where, redrive_timeout)
     discovery = scan(settings, where, fs, runtime)
     options = SweepOptions(
@@ -204,11 +211,11 @@ def sweep(
         lock = os.path.join(os.path.dirname(settings.pending_dir), "sweep.lock")
         with sweep_lock(lock):
             report = sweeper.run(discovery)
-            report.aside_cleared = _prune_aside(settings)
-            _finish_held(settings, report)
+            report.aside_cleared = clear_aside(settings)
+            finish_held(settings, report)
         _count(settings, report)
         _journal(settings, report)
-        _send_spooled(settings)
+        send_spooled(settings)
     if fmt == "json":
         click.echo(json.dumps(report.as_dict(), indent=1, sort_keys=True))
     else:
@@ -228,45 +235,6 @@ def _warn_fixed_only(ctx: click.Context, pacing: str) -> None:
             f"({pacing}; --max-batch bounds its batches)",
             err=True,
         )
-
-
-def _prune_aside(settings: Settings) -> int:
-    """Drop the records of stepped-aside deletes once nothing they name is left (/run stays small)."""
-    from runc_guard.delete.aside import prune_aside
-
-    return prune_aside(settings.cache_dir)
-
-
-def _finish_held(settings: Settings, report: SweepReport) -> None:
-    """Memory cgroups a delete held aside that no finisher finished (it was killed, or never ran):
-    reclaimed as far as they can be now, then removed (node.late_reclaim, ``final``). Only once a
-    finisher would have given up on them, so the two never work on one at the same time."""
-    import time
-
-    from runc_guard.delete.memcg_hold import iter_held
-    from runc_guard.delete.reclaim import PROBE_FILE, kernel_reparents
-    from runc_guard.node.finisher import HELD_GIVE_UP
-    from runc_guard.node.late_reclaim import step
-
-    reparents = kernel_reparents(os.path.join(settings.cache_dir, PROBE_FILE)) is True
-    for path, doc in iter_held(settings.cache_dir):
-        if doc is None or time.time() - float(doc["created"]) < HELD_GIVE_UP:
-            continue
-        result = step(path, doc, final=True, reparents=reparents)
-        report.memcg_reclaimed_kb += result.reclaimed >> 10
-        if result.done:
-            report.held_cleared += 1
-            report.memcg_left += bool(result.left)
-        else:
-            report.errors.append(f"held memory cgroup {doc['held']}: {result.why}")
-
-
-def _send_spooled(settings: Settings) -> None:
-    """Send delete entries a reporter never got to (it was killed, or fork failed)."""
-    from runc_guard.reporter import drain_spool
-    from runc_guard.spool import spool_dir
-
-    drain_spool(spool_dir(settings.cache_dir), linger=0)
 
 
 #: At most this many container ids in the entry (~70 bytes each): a datagram, not megabytes.

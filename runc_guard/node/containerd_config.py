@@ -1,6 +1,6 @@
 """Compute the containerd config change that puts runc-guard in front of runc handlers.
 
-Pure: texts in, texts out (the CLI in ``runc_guard.cli.configure`` reads, backs up
+Pure: texts in, texts out (``runc_guard.node.configure`` reads, backs up
 and writes). tomlkit edits in place, so comments, ``SystemdCgroup``, other
 runtimes and the file's own indentation survive; only the binary slot changes
 (plus a whole handler table when one has to be created).
