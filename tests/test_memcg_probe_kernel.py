@@ -17,8 +17,10 @@ pytestmark = pytest.mark.kernel
 
 
 def _probe_dirs() -> list[str]:
+    """This process's probe cgroups: a finisher of another test may be probing at the same time."""
+    own = f"runc-guard-probe.{os.getpid()}"
     return [os.path.join(m, n) for m in cgroup_mounts() if os.path.isdir(m)
-            for n in os.listdir(m) if n.startswith("runc-guard-probe.")]  # fmt: skip
+            for n in os.listdir(m) if n.startswith(own)]  # fmt: skip
 
 
 def test_this_kernel_pins_a_removed_memcg_and_doctor_says_so(tmp_path: Path) -> None:
@@ -34,7 +36,8 @@ def test_this_kernel_pins_a_removed_memcg_and_doctor_says_so(tmp_path: Path) -> 
     print(f"\nprobe on {os.uname().release}: {answer} ({how})")
     assert answer is False, how
     assert _probe_dirs() == before
-    assert not [n for n in os.listdir(memcg_probe.SCRATCH) if n.startswith(".runc-guard-probe.")]
+    scratch = f".runc-guard-probe.{os.getpid()}."
+    assert not [n for n in os.listdir(memcg_probe.SCRATCH) if n.startswith(scratch)]
     from runc_guard.cli import cli
 
     cache = tmp_path / "cache"

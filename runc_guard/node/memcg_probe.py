@@ -129,7 +129,7 @@ def probe(
     parent = os.path.join(root, f"runc-guard-probe.{os.getpid()}")
     child = os.path.join(parent, "probe")
     try:
-        directory = tempfile.mkdtemp(prefix=".runc-guard-probe.", dir=scratch)
+        directory = tempfile.mkdtemp(prefix=f".runc-guard-probe.{os.getpid()}.", dir=scratch)
     except OSError as exc:
         return None, f"no scratch directory: {exc.strerror}"
     try:
