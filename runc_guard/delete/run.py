@@ -28,11 +28,8 @@ import os
 import sys
 import time
 
-from runc_guard import cjson
-from runc_guard.atomic import append_line
 from runc_guard.delete import runclog
 from runc_guard.delete.aside import SIBLING, write_aside
-from runc_guard.delete.bounds import STATS_CAP_BYTES
 from runc_guard.delete.cgroupfs import FALLBACKS, CgroupFsOps, RealCgroupFs, cgroup_mounts
 from runc_guard.delete.cleanup import (
     CgroupBusy,
@@ -68,6 +65,7 @@ from runc_guard.delete.state import (
     read_state,
     runtime_state_exists,
 )
+from runc_guard.delete.stats import append_stats, own_cost
 from runc_guard.delete.unit_name import scope_unit_name, transient_unit_loaded
 from runc_guard.errors import (
     EXIT_CGROUP_BUSY,
@@ -231,7 +229,7 @@ class DeleteRun:
             self.fail(end.reason)
         total_ms = int((self.clock() - self.started) * 1000)
         entry = dict(self.canonical, outcome=end.outcome, exit_status=end.status, total_ms=total_ms)
-        entry.update(_own_cost())
+        entry.update(own_cost())
         entry["pending_record"] = self.record if os.path.exists(self.record or "") else None
         self.cut_short = self.cut_short or (end.outcome == "deadline" and entry["pending_record"] is not None)
         if FALLBACKS:
@@ -802,48 +800,6 @@ def _mentions(root: str, container_id: str, needle: bytes) -> bool:
         except OSError:
             return True  # cannot tell from the bytes: let read_state decide
     return False
-
-
-def _own_cost() -> dict[str, int]:
-    """What this delete cost so far: runc-guard's own CPU, the runtime children's, peak RSS."""
-    import resource
-
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {
-        "cpu_ms": round((me.ru_utime + me.ru_stime) * 1000),
-        "runtime_cpu_ms": round((children.ru_utime + children.ru_stime) * 1000),
-        "maxrss_kb": me.ru_maxrss,
-    }
-
-
-def append_stats(
-    stats_file: str, outcome: str, entry: Mapping[str, Any], container_id: str, kind: str = ""
-) -> None:
-    """One small line per delete for ``runc-guardctl metrics`` to aggregate (no daemon).
-
-    The container id lets a reader (a test on a shared lab) pick its own lines.
-    ``kind``: MEMCG_LINE for a line that is not a delete's (metrics counts only its memory).
-    """
-    line = cjson.dumps(
-        {
-            **({"kind": kind} if kind else {}),
-            "time": round(time.time(), 3),
-            "container_id": container_id,
-            "outcome": outcome,
-            "waited_ms": entry.get("waited_ms", 0),
-            "removed": entry.get("removed", 0),
-            "killed": len(entry.get("stragglers_killed", ())),
-            "cpu_ms": entry.get("cpu_ms", 0),
-            # wall time from the process's start (or containerd's budget's), and the runtime's share
-            "total_ms": entry.get("total_ms", 0),
-            "runtime_ms": entry.get("runtime_ms", 0),
-            # memory cgroups: KiB reclaimed before their rmdir, and how many were left charged (dying)
-            "reclaimed_kb": entry.get("memcg_reclaimed_kb", 0),
-            "memcg_left": len(entry.get("memcg_unreclaimed", ())),
-        }
-    )
-    append_line(stats_file, line + "\n", make_dirs=True, rotate_at=STATS_CAP_BYTES)
 
 
 def run_delete(

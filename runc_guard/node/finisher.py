@@ -79,9 +79,10 @@ from runc_guard.delete.pending import (
 )
 from runc_guard.delete.reclaim import SWEEP_BUDGET as RECLAIM_BUDGET
 from runc_guard.delete.report import EventLog, deliver
-from runc_guard.delete.run import DeleteRun, Outcome, append_stats
+from runc_guard.delete.run import DeleteRun, Outcome
 from runc_guard.delete.runtime_child import run_runtime_child
 from runc_guard.delete.state import ContainerState, read_state, runtime_state_exists
+from runc_guard.delete.stats import append_stats
 from runc_guard.errors import EXIT_INTERNAL, EXIT_UNSAFE_STATE, RuncGuardError, StateMissing, StateUnreadable
 from runc_guard.node.late_reclaim import LATE_MAX
 from runc_guard.node.late_reclaim import Step as LateStep
