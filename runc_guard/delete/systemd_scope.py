@@ -56,7 +56,6 @@ SHOW_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "ControlGro
 
 # Outcomes: fixed strings for the canonical log line and the journal.
 NO_SYSTEMD = "no_systemd"
-NOT_SYSTEMD_DRIVER = "not_systemd_driver"
 NOT_LOADED = "not_loaded"
 STOPPED = "stopped"
 RESET_FAILED = "reset_failed"

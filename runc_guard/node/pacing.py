@@ -115,8 +115,6 @@ class Signals:
 BACK_OFF = frozenset({"canary:before", "rmdir"})
 #: Only the burst hurt: the canary was slow right after the batch and fine after the pause.
 SHRINK = frozenset({"canary:after"})
-#: Node-wide readings that include everybody's load: stop growing, do not throttle.
-HOLD_PREFIXES = ("pressure:", "sys")
 
 
 @dataclass(frozen=True)
