@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runc_guard.shim.argv import DEFAULT_ROOT, parse, valid_container_id
+from runc_guard.invocation import DEFAULT_ROOT, parse, valid_container_id
 
 CASES = [
     # (argv, subcommand, container_id, force, globals)

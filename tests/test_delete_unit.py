@@ -24,10 +24,10 @@ import runc_guard.delete.report as report_mod
 import runc_guard.delete.run as delete_mod
 from runc_guard.delete.pending import PendingRecord, record_path, write_record
 from runc_guard.delete.run import DeleteRun, run_delete
+from runc_guard.invocation import parse
 from runc_guard.procinfo import start_time
 from runc_guard.reporter import drain_spool
 from runc_guard.settings import Settings, load
-from runc_guard.shim.argv import parse
 from runc_guard.spool import spool_dir, write_spool
 from tests.fakes import FakeCgroupFs, FakeClock
 

@@ -267,7 +267,7 @@ def test_a_busy_node_replies_earlier_only_when_a_finisher_completes(
     deadline (0.5 s here: at lag 1.2 the margin is 0.3 s, past 1.5 s none); without one, the
     deadline stays delete_timeout (2 s here) from the budget's start."""
     from runc_guard.delete.run import DeleteRun
-    from runc_guard.shim.argv import parse
+    from runc_guard.invocation import parse
 
     settings = lab.settings.replace(finish_window=window)
     args = lab.invocation_args("c1")

@@ -357,6 +357,7 @@ ADMIT_C = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_the_c_constants_are_the_python_ones() -> None:
     """launcher/admit.c restates shim/startup.py's rule and the writers' names and bounds."""
+    from runc_guard import deadline
     from runc_guard.delete import bounds, report
     from runc_guard.shim import startup
     from runc_guard.spool import LOCK
@@ -364,7 +365,7 @@ def test_the_c_constants_are_the_python_ones() -> None:
     with open(ADMIT_C) as f:
         defined = dict(line.split(None, 2)[1:] for line in f
                        if line.startswith("#define ") and " " in line[8:])
-    assert float(defined["MIN_BUDGET_SHARE"]) == startup.MIN_BUDGET_SHARE
+    assert float(defined["MIN_BUDGET_SHARE"]) == deadline.MIN_BUDGET_SHARE
     assert float(defined["STORM_HOLD"]) == startup.STORM_HOLD
     assert defined["STORM_MARK"].strip() == f"\"{startup.STORM_MARK}\""
     assert defined["CROWDED_DIR_BYTES"].strip() == f"({bounds.CROWDED_DIR_BYTES >> 10} << 10)"

@@ -1,4 +1,4 @@
-"""The launcher parses a runtime command line exactly as runc_guard.shim.argv does (differential)."""
+"""The launcher parses a runtime command line exactly as runc_guard.invocation does (differential)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from runc_guard import invocation as argv_mod
 from runc_guard.delete.pending import record_path
-from runc_guard.shim import argv as argv_mod
 from tests.launcher import builds
 
 #: linux/limits.h: the longest file name, in bytes.
@@ -59,7 +59,7 @@ WORDS = [
 
 
 def python_parse(args: list[bytes]) -> str:
-    """runc_guard.shim.argv's answer, in the PARSE_ONLY build's format."""
+    """runc_guard.invocation's answer, in the PARSE_ONLY build's format."""
     inv = argv_mod.parse([os.fsdecode(a) for a in args])
 
     def hexed(value: str | None) -> str:

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
+from runc_guard.deadline import MIN_BUDGET_SHARE, delete_deadline
 from runc_guard.settings import DEFAULT_DELETE_TIMEOUT, load
-from runc_guard.shim.startup import MIN_BUDGET_SHARE, acquire, delete_deadline, slots
+from runc_guard.shim.startup import acquire, slots
 from tests.hermetic import own_env
 
 
@@ -145,9 +146,9 @@ def test_what_the_admission_admits_the_delete_can_still_run(
     """Through the shim's own admission (``_startup_slot``) and the delete's constructor, with a
     finisher on: an admitted delete's deadline is at least 1 s away; the rest step aside at once."""
     from runc_guard.delete.run import DeleteRun
+    from runc_guard.invocation import parse
     from runc_guard.settings import Settings
     from runc_guard.shim import entry, startup
-    from runc_guard.shim.argv import parse
 
     stepped: list[str] = []
     monkeypatch.setattr(startup, "acquire", lambda *_a, **_k: -1)

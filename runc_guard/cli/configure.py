@@ -29,8 +29,8 @@ from runc_guard.node.configure import (
     unified_diff,
 )
 from runc_guard.node.containerd_config import ContainerdConfigError
+from runc_guard.runtime import installed_shim
 from runc_guard.settings import config_path
-from runc_guard.shim.runtime import installed_shim
 
 
 def _restart(command: str) -> None:

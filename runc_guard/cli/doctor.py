@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from runc_guard.node.doctor import DEFAULT_CONTAINERD_CONFIG, DEFAULT_RUNTIME_ROOT, diagnose, route_lines
-from runc_guard.shim.runtime import installed_shim
+from runc_guard.runtime import installed_shim
 
 
 def print_kernel(features: list[dict[str, Any]]) -> None:

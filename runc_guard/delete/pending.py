@@ -16,7 +16,7 @@ import time
 from runc_guard import cjson
 from runc_guard.atomic import read_trusted, write_atomic
 from runc_guard.delete.bounds import crowded, prune_stale_locks
-from runc_guard.shim.argv import valid_container_id
+from runc_guard.invocation import valid_container_id
 from runc_guard.values import Value
 
 TYPE_CHECKING = False
@@ -235,7 +235,7 @@ def routed_runtimes(names: Iterable[str], environ: Mapping[str, str]) -> frozens
     default PATH (a sweep under systemd and a shim under containerd may differ).
     Pure: no file is looked at, so a record's runtime is only ever compared.
     """
-    from runc_guard.shim.runtime import DEFAULT_PATH
+    from runc_guard.runtime import DEFAULT_PATH
 
     found = set()
     directories = [d for d in f"{environ.get('PATH', '')}:{DEFAULT_PATH}".split(":") if os.path.isabs(d)]

@@ -28,6 +28,7 @@ import os
 import sys
 import time
 
+from runc_guard.deadline import delete_deadline
 from runc_guard.delete import runclog
 from runc_guard.delete.aside import SIBLING, write_aside
 from runc_guard.delete.cgroupfs import FALLBACKS, CgroupFsOps, RealCgroupFs, cgroup_mounts
@@ -76,10 +77,9 @@ from runc_guard.errors import (
     StateUnreadable,
     UnsafeCgroupPath,
 )
+from runc_guard.invocation import Invocation
 from runc_guard.procinfo import ALIVE, DEAD, SERVING_SHIM, UNKNOWN_CALLER, delete_caller, init_liveness
 from runc_guard.settings import SERVING_SHIM_DELETE_TIMEOUT, Settings, first_report
-from runc_guard.shim.argv import Invocation
-from runc_guard.shim.startup import delete_deadline
 from runc_guard.spool import spool_dir
 
 TYPE_CHECKING = False
@@ -166,7 +166,7 @@ class DeleteRun:
         #: What the caller allows this delete (procinfo.delete_caller; delete_budget).
         self.budget = delete_budget(caller, settings.delete_timeout)
         #: Seconds the deadline moved earlier for a busy node (a finisher completes the rest):
-        #: the start-up admission's rule (shim.startup.delete_deadline), so both agree.
+        #: the start-up admission's rule (runc_guard.deadline.delete_deadline), so both agree.
         self.deadline, self.reply_margin = delete_deadline(
             self.started, clock(), self.budget, settings.finish_window > 0
         )

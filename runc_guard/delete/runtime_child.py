@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import os
 
-from runc_guard.shim.runtime import inherited_environment, restore_inherited_signals
+from runc_guard.runtime import inherited_environment, restore_inherited_signals
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -110,8 +110,8 @@ def runtime_entries(root: str, now: float, min_age: float) -> set[str]:
 def fronted_runtime(environ: Mapping[str, str]) -> dict[str, str]:
     """The runtime the shim would exec (as doctor resolves it) and its ``--version`` line."""
     from runc_guard.errors import RuncGuardError
+    from runc_guard.runtime import installed_shim, resolve_runtime
     from runc_guard.settings import load
-    from runc_guard.shim.runtime import installed_shim, resolve_runtime
 
     info: dict[str, str] = {}
     try:

@@ -15,8 +15,8 @@ from typing import Any
 
 from runc_guard.delete.cgroupfs import cgroup_mounts
 from runc_guard.errors import RuncGuardError
+from runc_guard.runtime import installed_shim, resolve_runtime
 from runc_guard.settings import config_path, load, load_settings, unmapped_problem
-from runc_guard.shim.runtime import installed_shim, resolve_runtime
 
 DEFAULT_CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 DEFAULT_RUNTIME_ROOT = "/run/containerd/runc"

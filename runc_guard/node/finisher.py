@@ -84,13 +84,13 @@ from runc_guard.delete.runtime_child import run_runtime_child
 from runc_guard.delete.state import ContainerState, read_state, runtime_state_exists
 from runc_guard.delete.stats import append_stats
 from runc_guard.errors import EXIT_INTERNAL, EXIT_UNSAFE_STATE, RuncGuardError, StateMissing, StateUnreadable
+from runc_guard.invocation import parse, valid_container_id
 from runc_guard.node.late_reclaim import LATE_MAX
 from runc_guard.node.late_reclaim import Step as LateStep
 from runc_guard.node.late_reclaim import step as late_step
 from runc_guard.node.orphans import cleanups_running, live_shim_ids
 from runc_guard.procinfo import DEAD, init_liveness
 from runc_guard.settings import Settings, load
-from runc_guard.shim.argv import parse, valid_container_id
 from runc_guard.spool import keep_only_stdio_and, spool_dir, step_back
 
 #: How long one pass waits for a recorded cgroup to change before looking again.

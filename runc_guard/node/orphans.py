@@ -32,8 +32,8 @@ from typing import Any
 
 from runc_guard.delete.state import read_state
 from runc_guard.errors import RuncGuardError
+from runc_guard.invocation import valid_container_id
 from runc_guard.node import liveness, ownership
-from runc_guard.shim.argv import valid_container_id
 
 #: Flat state roots (``<root>/<id>``): runc's and crun's defaults when run by hand or by CRI-O/podman.
 #: Shared with other managers: state there keeps its container's cgroups, but is never
@@ -368,7 +368,7 @@ def redrive(state: StateDir, runtime_path: str, timeout: float) -> Redrive:
 
 def resolve(name: str, environ: Mapping[str, str]) -> str:
     """The runtime's absolute path, never runc-guard itself (an install may shadow ``runc``)."""
-    from runc_guard.shim.runtime import resolve_runtime
+    from runc_guard.runtime import resolve_runtime
 
     me = shutil.which("runc-guard", path=environ.get("PATH")) or os.path.join(
         os.path.dirname(sys.executable), "runc-guard"

@@ -27,10 +27,10 @@ import gc
 import os
 import sys
 
+from runc_guard import invocation as argv_mod
 from runc_guard.errors import EXIT_CONFIG, EXIT_RUNTIME_UNAVAILABLE, RuncGuardError
+from runc_guard.runtime import exec_runtime, resolve_runtime
 from runc_guard.settings import Settings, first_report, is_default_name, load, unmapped_problem
-from runc_guard.shim import argv as argv_mod
-from runc_guard.shim.runtime import exec_runtime, resolve_runtime
 
 PROG = "runc-guard"
 #: procinfo's caller roles (not imported: procinfo loads with the delete path).
@@ -85,15 +85,8 @@ def _startup_slot(
     """
     import time
 
-    from runc_guard.shim.startup import (
-        MIN_BUDGET_SHARE,
-        STORM_HOLD,
-        acquire,
-        delete_deadline,
-        mark_storm,
-        slots,
-        storm_marked,
-    )
+    from runc_guard.deadline import MIN_BUDGET_SHARE, delete_deadline
+    from runc_guard.shim.startup import STORM_HOLD, acquire, mark_storm, slots, storm_marked
 
     started = origin or time.monotonic()
     now = time.monotonic()
