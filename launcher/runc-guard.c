@@ -549,6 +549,8 @@ static int read_routes(const char *state_dir, const char *config, const struct s
 	if (r->journal_socket == NULL || field(next_line(&cur, end), "logfile") == NULL)
 		return -1;
 	while ((line = next_line(&cur, end)) != NULL && strcmp(line, "end") != 0) {
+		if (field(line, "settings") != NULL)
+			continue; /* the Python side's cache of the parsed file */
 		v = field(line, "name");
 		tab = v ? strchr(v, '\t') : NULL;
 		if (tab == NULL || tab == v || tab[1] == '\0' || r->names == MAX_NAMES)
