@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import os
 
-from runc_guard import cjson
 from runc_guard.atomic import read_trusted, write_atomic
 
 TYPE_CHECKING = False
@@ -105,6 +104,8 @@ def render(
     blob = ("\n".join([*lines, "end"]) + "\n").encode("utf-8", "surrogateescape")
     if len(blob) >= MAX_BYTES:
         return None
+    from runc_guard import cjson  # ~0.3 ms (_json): only where a settings file exists
+
     try:
         parsed = cjson.dumps(settings) if settings is not None else None
     except (TypeError, ValueError, RecursionError):  # TOML dates and times; arrays nested ~1000 deep
@@ -127,6 +128,8 @@ def cached_settings(state_dir: str, config: str, key: tuple[int, ...]) -> dict[s
     kind, _, parsed = lines[-3].partition("\t")
     if kind != "settings":
         return None
+    from runc_guard import cjson
+
     try:
         data = cjson.loads(parsed)
     except (ValueError, RecursionError):
