@@ -158,23 +158,20 @@ static void journal_minimal(const char *socket_path, const char *event, const ch
 __attribute__((noreturn, format(printf, 2, 3))) static void bail(int code, const char *fmt, ...)
 {
 	const char *socket_path = env_value("RUNC_GUARD_JOURNAL_SOCKET=");
-	char line[1024];
+	char line[1024] = "runc-guard: ", *why = line + 12;
+	size_t room = sizeof(line) - 12 - 1, n;
 	va_list ap;
-	int n;
+	int len;
 
 	va_start(ap, fmt);
-	n = vsnprintf(line, sizeof(line) - 1, fmt, ap);
+	len = vsnprintf(why, room, fmt, ap);
 	va_end(ap);
-	if (n < 0)
-		n = 0;
-	if ((size_t)n > sizeof(line) - 2)
-		n = sizeof(line) - 2;
-	line[n] = '\0';
-	journal_minimal(socket_path ? socket_path : DEFAULT_JOURNAL_SOCKET, "runtime_unavailable", line, 3);
-	line[n] = '\n';
-	/* EBADF (stderr closed): the exit status is all that is left */
-	if (write(STDERR_FILENO, "runc-guard: ", 12) == 12 && write(STDERR_FILENO, line, (size_t)n + 1) < 0)
-		_exit(code);
+	n = len < 0 ? 0 : (size_t)len < room ? (size_t)len : room - 1;
+	why[n] = '\0';
+	journal_minimal(socket_path ? socket_path : DEFAULT_JOURNAL_SOCKET, "runtime_unavailable", why, 3);
+	why[n] = '\n';
+	if (write(STDERR_FILENO, line, 12 + n + 1) < 0)
+		_exit(code); /* EBADF (stderr closed): the exit status is all that is left */
 	_exit(code);
 }
 

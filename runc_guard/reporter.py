@@ -30,6 +30,8 @@ JOURNAL_WAIT = 2.0
 #: How long a reporter waits for more entries before it exits (a storm shares one).
 LINGER = 2.0
 POLL = 0.02
+#: The launcher's step-asides in the spool (delete.stepaside): a ``take`` turns them into entries.
+STEP_ASIDE_SUFFIX = ".aside"
 
 _PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
 
@@ -134,10 +136,6 @@ def reporter_main(directory: str, linger: float, held: int, take: Callable[[str]
     keep_only_stdio_and(held)
     step_back()
     drain_spool(directory, linger, held=held, take=take)
-
-
-#: The launcher's step-asides in the spool (delete.stepaside): a ``take`` turns them into entries.
-STEP_ASIDE_SUFFIX = ".aside"
 
 
 def drain_spool(
