@@ -103,7 +103,10 @@ def take(directory: str) -> int:
         root = os.path.abspath(os.path.join(fact["cwd"], fact["root"]))
         created = {"created": round(int(fact["ns"]) / 1e9, 3)}
         runtime, container_id = fact["runtime"], fact["container_id"]
-        write_aside(settings.cache_dir, root, container_id, [], reason, OVERLOAD, runtime, created)
+        try:  # best effort, as the Python entry's step-aside: the entry says it stepped aside
+            write_aside(settings.cache_dir, root, container_id, [], reason, OVERLOAD, runtime, created)
+        except OSError:
+            pass
         try:
             write_spool(directory, [entry(fact, reason)], sink)
         except OSError:
