@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
 
@@ -15,12 +16,12 @@ from runc_guard.spool import pending_files, read_spooled
 NS = 1_765_000_000_123_456_789
 
 
-def _settings(tmp: str, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+def _settings(tmp: str, monkeypatch: pytest.MonkeyPatch, journal: str = "") -> tuple[str, str]:
     """A settings file naming the sink; the cache (its spool) under ``tmp``."""
     cache = os.path.join(tmp, "cache")
     config = os.path.join(tmp, "config.toml")
     with open(config, "w") as f:
-        f.write(f'journal_socket = "{tmp}/no-journald"\nlog_file = "{tmp}/events.jsonl"\n')
+        f.write(f'journal_socket = "{journal or tmp + "/no-journald"}"\nlog_file = "{tmp}/events.jsonl"\n')
     monkeypatch.setenv("RUNC_GUARD_CONFIG", config)
     monkeypatch.setenv("RUNC_GUARD_CACHE_DIR", cache)
     spool = os.path.join(cache, "spool")
@@ -54,14 +55,17 @@ def test_a_fact_becomes_the_record_and_the_entry(tmp_path: str, monkeypatch: pyt
     doc = read_spooled(spooled)
     sink = {"journal_socket": f"{tmp_path}/no-journald", "log_file": f"{tmp_path}/events.jsonl"}
     assert doc["sink"] == sink
+    os.unlink(spooled)  # sent by no reporter here
     assert doc["entries"] == [{"container_id": "c1", "runtime_root": "r/../root", "reason": reason,
                                "event": "startup_overloaded", "level": "warning",
                                "timestamp": "2025-12-06T05:46:40.123456Z"}]
 
 
-def test_what_is_not_ours_or_not_a_fact_is_dropped(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_what_is_not_ours_or_not_a_fact_is_dropped(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch, journald: tuple[str, socket.socket]
+) -> None:
     """Not ours (writable by others), another version, a shape of no step-aside: reported, unlinked."""
-    cache, spool = _settings(str(tmp_path), monkeypatch)
+    cache, spool = _settings(str(tmp_path), monkeypatch, journal=journald[0])
     good = f"{HEADER}\t{NS}\tc1\t/run/runc\t\t/usr/sbin/runc\tstorm\t0\n"
     assert parse(good.encode()) is not None
     for line in (good.replace("storm", "maybe"), good + good, good[:-1],
@@ -73,3 +77,5 @@ def test_what_is_not_ours_or_not_a_fact_is_dropped(tmp_path: str, monkeypatch: p
     assert take(spool) == 0
     assert pending(spool) == [] and pending_files(spool) == []
     assert not os.path.exists(os.path.join(cache, "aside")) or os.listdir(os.path.join(cache, "aside")) == []
+    reported = [journald[1].recv(65536) for _ in range(2)]
+    assert all(b"EVENT=spool_unreadable" in datagram for datagram in reported)

@@ -97,7 +97,7 @@ def take(directory: str) -> int:
         blob = read_trusted(path, MAX_BYTES + 1)
         fact = parse(blob) if blob is not None and len(blob) <= MAX_BYTES else None
         if fact is None:
-            _refuse(path)
+            _refuse(path, settings.journal_socket)
             continue
         reason = overload_reason(fact["why"], int(fact["count"]))
         root = os.path.abspath(os.path.join(fact["cwd"], fact["root"]))
@@ -116,12 +116,12 @@ def take(directory: str) -> int:
     return taken
 
 
-def _refuse(path: str) -> None:
+def _refuse(path: str, socket_path: str) -> None:
     """A file named like a fact that is not ours or not one: reported, dropped (never read again)."""
     from runc_guard import journal
 
     journal.send({"MESSAGE": f"spool_unreadable: {path}: not a step-aside of runc-guard's", "PRIORITY": 3,
-                  "SYSLOG_IDENTIFIER": journal.IDENTIFIER, "EVENT": "spool_unreadable"})
+                  "SYSLOG_IDENTIFIER": journal.IDENTIFIER, "EVENT": "spool_unreadable"}, socket_path)
     _unlink(path)
 
 
