@@ -1087,8 +1087,9 @@ __attribute__((noreturn)) static void interpose(const struct invocation *inv, co
 
 	cache = cache ? cache : DEFAULT_CACHE_DIR;
 	/* <id>@<12 hex digits>.json (pending.record_path) longer than a file name: no record to write */
-	if (strlen(inv->container_id) + 18 > NAME_MAX || admission_variable() || !plain(root) || !plain(runtime) || !plain(cache) ||
-	    (root[0] != '/' && (getcwd(cwd, sizeof(cwd)) == NULL || !plain(cwd))) || aside_crowded(cache) ||
+	if (strlen(inv->container_id) + 18 > NAME_MAX || admission_variable() || !plain(root) ||
+	    !plain(runtime) || !plain(cache) || aside_crowded(cache) ||
+	    (root[0] != '/' && (getcwd(cwd, sizeof(cwd)) == NULL || !plain(cwd))) ||
 	    (size_t)snprintf(startup, sizeof(startup), "%s/startup", cache) >= sizeof(startup) ||
 	    (size_t)snprintf(mark, sizeof(mark), "%s/" STORM_MARK, startup) >= sizeof(mark))
 		to_python(EXIT_RUNTIME_UNAVAILABLE, "a delete to interpose", "");
