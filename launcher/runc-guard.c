@@ -398,7 +398,6 @@ struct routes {
 	int debug;
 	/* what the start-up admission of a delete reads: the file's own values */
 	double timeout, finish_window, linger;
-	const char *journal_socket;
 	int names;
 	const char *name[MAX_NAMES];
 	const char *name_runtime[MAX_NAMES];
@@ -542,8 +541,8 @@ static int read_routes(const char *state_dir, const char *config, const struct s
 	    parse_seconds(field(next_line(&cur, end), "finish"), &r->finish_window) != 0 ||
 	    parse_seconds(field(next_line(&cur, end), "linger"), &r->linger) != 0)
 		return -1;
-	r->journal_socket = field(next_line(&cur, end), "journal");
-	if (r->journal_socket == NULL || field(next_line(&cur, end), "logfile") == NULL)
+	/* the entries' sink: Python's to use (delete/stepaside.py), here only checked for */
+	if (field(next_line(&cur, end), "journal") == NULL || field(next_line(&cur, end), "logfile") == NULL)
 		return -1;
 	while ((line = next_line(&cur, end)) != NULL && strcmp(line, "end") != 0) {
 		if (field(line, "settings") != NULL)

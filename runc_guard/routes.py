@@ -27,9 +27,11 @@ cached and every call takes the Python entry)::
     settings <the parsed file as JSON>    (when it fits and JSON carries it)
     end
 
-``timeout`` to ``logfile`` are what the launcher's start-up admission of a delete
-needs (launcher/runc-guard.c: its slots, its step-aside and its helpers); like the
-routing they are the file's own values, never RUNC_GUARD_*.
+``timeout`` to ``linger`` are what the launcher's start-up admission of a delete
+needs (launcher/runc-guard.c: its slots, its step-aside and its helpers); ``journal``
+and ``logfile`` stay in the format (the launcher checks they are there; the
+step-aside's entry is sent by Python). Like the routing they are the file's own
+values, never RUNC_GUARD_*.
 
 ``settings`` is the Python side's cache of the parsed file (``cached_settings``):
 importing ``tomllib`` costs ~10-15 ms, more than a bare interpreter start, so every
