@@ -1,61 +1,63 @@
 /*
  * runc-guard launcher: the binary containerd runs as its runtime BinaryName.
  *
- * Every runtime call of every container passes through here (each `runc exec`
- * of an exec probe, every `state`, `create`, `start`, `kill`), so this program
- * does what the hot path needs and then execs, at the cost of one execve:
+ * Every runtime call of every container passes through here (each `runc exec` of an
+ * exec probe, every `state`, `create`, `start`, `kill`), so this program routes and
+ * execs, at the cost of one execve, and does one more thing only for a delete:
  *
- *   - any call but an interposed delete: execve of the real runtime, with the
- *     same argv[1:], the environment byte for byte, the fds, and the signal
- *     dispositions and mask it inherited (this file never touches either);
+ *   - any call but an interposed delete: execve of the real runtime, with the same
+ *     argv[1:], the environment byte for byte, the fds, and the signal dispositions and
+ *     mask it inherited (this file never touches either; everything it opens is
+ *     O_CLOEXEC);
  *   - `delete` of a container nobody knows (no <root>/<id>/state.json, no
  *     <root>/<id>/status, no pending record): the runtime, directly;
- *   - `delete` of a known container, and everything this file cannot trust:
- *     execve of the Python entry (runc-guard.py), which is the source of truth.
+ *   - `delete` of a known container: the start-up admission of runc_guard/shim/entry.py
+ *     _startup_slot (a delete slot, containerd's budget). Admitted: execve of the Python
+ *     entry with the slot handed over. Not admitted (a crash storm): step aside at C's
+ *     cost -- one line for Python (runc_guard/delete/stepaside.py) in the spool, the detached
+ *     reporter (and finisher) started once per storm, which turn that line into the
+ *     aside record, the journal entry and the report -- then execve of the runtime alone;
+ *   - everything this file cannot trust: execve of the Python entry (runc-guard.py), the
+ *     source of truth, which routes, reports and rewrites the routing cache.
  *
- * The runtime comes from a routing cache the Python side writes when it loads
- * the settings (runc_guard/routes.py: the format, and why each check exists).
- * It is bound to the settings file's identity (dev, ino, size, mtime_ns,
- * ctime_ns: ctime cannot be set from user space, so an edit always misses).
- * The launcher distrusts it, and hands the call to the Python entry, when:
- * RUNC_GUARD_RUNTIME or RUNC_GUARD_RUNTIMES is set (a delete also with a
- * RUNC_GUARD_PENDING_DIR that is not absolute or a RUNC_GUARD_LOG_LEVEL that is
- * not a level: settings.py would not take them); the settings file cannot be
- * stat'ed; the cache is missing, not owned by the euid, writable by group or
- * others (file or directory), a symlink, corrupt, truncated, over-long, of
- * another version, for another settings path, or of another identity; the
- * invoked name (basename of argv[0]) is one it does not map; the runtime
- * cannot be found or is runc-guard itself (the Python entry reports it).
- * With no settings file at all the defaults route (runc, default names only).
+ * The runtime comes from the routing cache the Python side writes when it loads the
+ * settings (runc_guard/routes.py: the format, and why each check exists), bound to the
+ * settings file's identity (dev, ino, size, mtime_ns, ctime_ns: ctime cannot be set from
+ * user space, so an edit always misses). The cases the launcher does not trust are the
+ * table of docs/launcher.md; each is a test of tests/test_launcher.py.
  *
- * The Python entry learns the invoked name and this binary's path from one
- * variable put in front of its environment, RUNC_GUARD_HANDOVER=<invoked
- * name>/<path of this binary> (first, because CPython's os.environ keeps the
- * first of two equal names: a caller's own variable of that name comes after it
- * and reaches the runtime); the entry removes it before the runtime sees the
- * environment.
+ * The Python entry learns the invoked name and this binary's path from one variable put
+ * in front of its environment, RUNC_GUARD_HANDOVER=<invoked name>/<path of this binary>
+ * (first, because CPython's os.environ keeps the first of two equal names: a caller's own
+ * variable of that name comes after it and reaches the runtime); the entry removes it
+ * before the runtime sees the environment. A line after it says what was decided here:
+ * "admitted <slot fd> <origin ns> <caller>" or "helper" (shim/entry.py handed_over).
  *
- * Never writes to stdout. Exit codes, its own (runc_guard/errors.py):
- *   69 (EXIT_RUNTIME_UNAVAILABLE)  neither the runtime nor the Python entry
- *                                  could be executed for a call it could route;
- *   78 (EXIT_CONFIG)               it could not trust its routing and the
- *                                  Python entry could not be executed.
+ * Never writes to stdout. Exit codes, its own (runc_guard/errors.py), each with one
+ * stderr line and a journal datagram (bail, the one fatal path):
+ *   69 (EXIT_RUNTIME_UNAVAILABLE)  neither the runtime nor the Python entry could be
+ *                                  executed for a call it could route;
+ *   78 (EXIT_CONFIG)               it could not trust its routing and the Python entry
+ *                                  could not be executed.
  * Anything else is the runtime's (or the Python entry's) own status.
- * Build: launcher/build.sh (one rule, used by every install path).
+ * Build: launcher/build.sh (one rule, used by every install path). libc only.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
-
-#include "launcher.h"
 
 #define EXIT_RUNTIME_UNAVAILABLE 69
 #define EXIT_CONFIG 78
@@ -66,20 +68,41 @@
 #define DEFAULT_PENDING_DIR "/run/runc-guard/pending"
 #define DEFAULT_CACHE_DIR "/run/runc-guard"
 #define DEFAULT_ROOT "/run/runc"
+#define DEFAULT_JOURNAL_SOCKET "/run/systemd/journal/socket"
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #define ROUTES_HEADER "runc-guard-routes 2"
+/* The step-aside's line for Python (runc_guard/delete/stepaside.py), in <spool>/<ns>-<pid>.aside. */
+#define ASIDE_HEADER "runc-guard-aside 1"
+#define ASIDE_SUFFIX ".aside"
 /* The Python entry, relative to this binary's directory unless absolute. */
 #ifndef PY_ENTRY
 #define PY_ENTRY "runc-guard.py"
 #endif
 #define HANDOVER "RUNC_GUARD_HANDOVER="
-/* runc-guard's own rule (shim/argv.py MAX_ID_LEN): longer ids cannot have state. */
+/* runc-guard's own rule (invocation.py MAX_ID_LEN): longer ids cannot have state. */
 #define MAX_ID_LEN 255
 /* Larger than any routing a settings file (1 MiB at most) sensibly has. */
 #define MAX_ROUTES 65536
 #define MAX_NAMES 256
+/* runc_guard/deadline.py */
+#define MIN_BUDGET_SHARE 0.25
+/* runc_guard/shim/startup.py */
+#define STORM_HOLD 5.0
+#define STORM_MARK "storm"
+/* runc_guard/delete/bounds.py CROWDED_DIR_BYTES: past it the Python writer prunes. */
+#define CROWDED_DIR_BYTES (64 << 10)
+#define FINISHER_LOCK "finisher.lock"
+#define REPORTER_LOCK ".reporter.lock"
 
 extern char **environ;
+
+/* This call: its argv (argv[0] is rewritten for each exec), the name it was invoked by, and
+ * this binary's path (/proc/self/exe; argv[0] until that is read). */
+static struct {
+	char **argv;
+	const char *invoked;
+	const char *self_path;
+} call;
 
 /* environ's value of `key` ("RUNC_GUARD_CONFIG=") or NULL; "" counts as unset, as in settings.py. */
 static const char *env_value(const char *key)
@@ -92,15 +115,8 @@ static const char *env_value(const char *key)
 	return NULL;
 }
 
-/* journal.send_minimal's socket: RUNC_GUARD_JOURNAL_SOCKET, else journald's. */
-static const char *journal_socket(void)
-{
-	const char *socket_path = env_value("RUNC_GUARD_JOURNAL_SOCKET=");
-
-	return socket_path ? socket_path : "/run/systemd/journal/socket";
-}
-
-char **environment_with(const char *first)
+/* The caller's environment with `first` put in front (the hand-over), or NULL (ENOMEM). */
+static char **environment_with(const char *first)
 {
 	size_t count = 0;
 	char **env;
@@ -116,37 +132,114 @@ char **environment_with(const char *first)
 	return env;
 }
 
-/* One way to fail: one line on stderr naming the program (and %m), and the journal; then exit. */
+/*
+ * journal.send_minimal: one datagram to journald's socket, never waited for (a full or
+ * absent journald loses the entry, never the call). MESSAGE is "<event>: <message>".
+ */
+static void journal_minimal(const char *socket_path, const char *event, const char *message, int priority)
+{
+	char msg[4096];
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	int fd, n = snprintf(msg, sizeof(msg),
+			     "MESSAGE=%s: %s\nPRIORITY=%d\nSYSLOG_IDENTIFIER=runc-guard\nEVENT=%s\nRUNC_GUARD_PID=%d\n",
+			     event, message, priority, event, (int)getpid());
+
+	if (n < 0 || (size_t)n >= sizeof(msg) || strlen(socket_path) >= sizeof(addr.sun_path))
+		return;
+	strcpy(addr.sun_path, socket_path);
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return;
+	/* EAGAIN (journald's queue full), ENOENT, ECONNREFUSED: reporting never changes the call */
+	(void)sendto(fd, msg, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL, (struct sockaddr *)&addr, sizeof(addr));
+	close(fd);
+}
+
+/* The one fatal path: one line on stderr naming the program (and %m), the journal; then exit. */
 __attribute__((noreturn, format(printf, 2, 3))) static void bail(int code, const char *fmt, ...)
 {
-	char line[1024];
+	const char *socket_path = env_value("RUNC_GUARD_JOURNAL_SOCKET=");
+	char line[1024] = "runc-guard: ", *why = line + 12;
+	size_t room = sizeof(line) - 12 - 1, n;
 	va_list ap;
-	int n;
+	int len;
 
 	va_start(ap, fmt);
-	n = vsnprintf(line, sizeof(line) - 1, fmt, ap);
+	len = vsnprintf(why, room, fmt, ap);
 	va_end(ap);
-	if (n < 0)
-		n = 0;
-	if ((size_t)n > sizeof(line) - 2)
-		n = sizeof(line) - 2;
-	line[n] = '\0';
-	/* The journal where it is cheap (one datagram; RUNC_GUARD_JOURNAL_SOCKET as send_minimal has it). */
-	journal_minimal(journal_socket(), "runtime_unavailable", line, 3);
-	line[n] = '\n';
-	if (write(STDERR_FILENO, "runc-guard: ", 12) < 0 || write(STDERR_FILENO, line, (size_t)n + 1) < 0)
-		_exit(code); /* stderr closed: the exit status is all that is left */
+	n = len < 0 ? 0 : (size_t)len < room ? (size_t)len : room - 1;
+	why[n] = '\0';
+	journal_minimal(socket_path ? socket_path : DEFAULT_JOURNAL_SOCKET, "runtime_unavailable", why, 3);
+	why[n] = '\n';
+	if (write(STDERR_FILENO, line, 12 + n + 1) < 0)
+		_exit(code); /* EBADF (stderr closed): the exit status is all that is left */
 	_exit(code);
 }
 
-/* ---- the command line, exactly as runc_guard/shim/argv.py parses it ---------------------- */
+/* The Python entry's path: beside this binary unless PY_ENTRY is absolute. */
+static int python_entry(char *out, size_t size)
+{
+	const char *slash = strrchr(call.self_path, '/');
+	int n;
+
+	if (PY_ENTRY[0] == '/' || slash == NULL)
+		n = snprintf(out, size, "%s", PY_ENTRY);
+	else
+		n = snprintf(out, size, "%.*s/%s", (int)(slash - call.self_path), call.self_path, PY_ENTRY);
+	return n >= 0 && (size_t)n < size ? 0 : -1;
+}
+
+/* RUNC_GUARD_HANDOVER=<invoked>/<self_path><tail> in buf; -1 when it does not fit. A newline
+ * cannot end a path readlink gave us unnoticed: the entry splits the tail off at the last one. */
+static int handover_of(char *buf, size_t size, const char *tail)
+{
+	int n = snprintf(buf, size, HANDOVER "%s/%s%s", call.invoked, call.self_path, tail);
+
+	return n >= 0 && (size_t)n < size ? 0 : -1;
+}
+
+/*
+ * Replace this process with the Python entry, the source of truth, for whatever the
+ * launcher cannot do or trust (`why`, said only if the entry cannot be executed). `tail`:
+ * "" for a plain hand-over, "\nadmitted ..." for an admitted delete. One allocation: the
+ * environment is the caller's size, no stack buffer fits every one.
+ */
+__attribute__((noreturn)) static void to_python(int code, const char *why, const char *tail)
+{
+	char entry[PATH_MAX], handover[PATH_MAX + NAME_MAX + sizeof(HANDOVER) + 96], **env;
+
+	if (python_entry(entry, sizeof(entry)) != 0)
+		bail(code, "%s; the Python entry's path is too long", why);
+	if (handover_of(handover, sizeof(handover), tail) != 0)
+		bail(code, "%s; the invoked name is too long to hand over", why);
+	env = environment_with(handover);
+	if (env == NULL)
+		bail(code, "%s; cannot start the Python entry: %m", why);
+	call.argv[0] = entry;
+	execve(entry, call.argv, env);
+	bail(code, "%s; cannot exec the Python entry %s: %m", why, entry);
+}
+
+/*
+ * Replace this process with the runtime: same pid, argv[1:], environment, fds, signal
+ * dispositions and mask. One that cannot be exec'd the Python entry reports, in its words,
+ * with its journal entry.
+ */
+__attribute__((noreturn)) static void exec_runtime(const char *path)
+{
+	call.argv[0] = (char *)path;
+	execve(path, call.argv, environ);
+	to_python(EXIT_RUNTIME_UNAVAILABLE, "cannot exec the runtime", "");
+}
+
+/* ---- the command line, exactly as runc_guard/invocation.py parses it ----------------------- */
 
 struct invocation {
-	const char *subcommand; /* NULL: no subcommand, or a line runc-guard must not guess at */
+	const char *subcommand;   /* NULL: no subcommand, or a line runc-guard must not guess at */
 	const char *container_id; /* delete with exactly one valid id, else NULL */
-	const char *root;       /* --root's last value ("" when given empty) or NULL */
+	const char *root;         /* --root's last value ("" when given empty) or NULL */
 	int force;
-	int is_delete;          /* argv.py Invocation.is_delete: runc-guard interposes */
+	int is_delete;            /* invocation.py Invocation.is_delete: runc-guard interposes */
 };
 
 static const char *const value_flags[] = {"root", "log", "log-format", "criu", "rootless", NULL};
@@ -161,7 +254,7 @@ static int in_list(const char *const *list, const char *name, size_t len)
 	return 0;
 }
 
-/* strconv.ParseBool's false spellings (argv.py _FALSE). */
+/* strconv.ParseBool's false spellings (invocation.py _FALSE). */
 static int false_spelling(const char *v)
 {
 	static const char *const spellings[] = {"0", "f", "F", "false", "FALSE", "False", NULL};
@@ -169,7 +262,7 @@ static int false_spelling(const char *v)
 	return in_list(spellings, v, strlen(v));
 }
 
-/* strconv.ParseBool's true spellings (argv.py _TRUE): runc refuses "tRue", so must we. */
+/* strconv.ParseBool's true spellings (invocation.py _TRUE): runc refuses "tRue", so must we. */
 static int true_spelling(const char *v)
 {
 	static const char *const spellings[] = {"1", "t", "T", "true", "TRUE", "True", NULL};
@@ -178,7 +271,7 @@ static int true_spelling(const char *v)
 }
 
 /*
- * argv.py _split_flag: "--root=x" -> name "root", value "x"; "-debug" -> "debug",
+ * invocation.py _split_flag: "--root=x" -> name "root", value "x"; "-debug" -> "debug",
  * no value; anything that is not a flag (a word, "-", "--", "---x") -> 0.
  */
 static int split_flag(const char *word, const char **name, size_t *len, const char **value)
@@ -196,7 +289,7 @@ static int split_flag(const char *word, const char **name, size_t *len, const ch
 	return 1;
 }
 
-/* libcontainer's validateID (argv.py valid_container_id): [A-Za-z0-9_+,-.]+, not "." or "..". */
+/* libcontainer's validateID (invocation.py valid_container_id): [A-Za-z0-9_+,-.]+, not "." or "..". */
 static int valid_container_id(const char *id)
 {
 	size_t n = strlen(id);
@@ -212,7 +305,7 @@ static int valid_container_id(const char *id)
 	return 1;
 }
 
-/* argv.py _parse_delete_args: the id and --force of `runc delete`. */
+/* invocation.py _parse_delete_args: the id and --force of `runc delete`. */
 static void parse_delete_args(char *const *args, struct invocation *inv)
 {
 	const char *positional = NULL, *name, *value;
@@ -247,7 +340,7 @@ static void parse_delete_args(char *const *args, struct invocation *inv)
 		inv->container_id = positional;
 }
 
-/* argv.py parse: global flags until the first word that is not one (or "--"), then the subcommand. */
+/* invocation.py parse: global flags until the first word that is not one (or "--"), then the subcommand. */
 static void parse(char *const *argv, struct invocation *inv)
 {
 	const char *name, *value;
@@ -292,49 +385,11 @@ static void parse(char *const *argv, struct invocation *inv)
 	inv->is_delete = inv->container_id != NULL && help_or_version == 0;
 }
 
-/* The runtime's state root, as runc resolves it (argv.py Invocation.root). */
+/* The runtime's state root, as runc resolves it (invocation.py Invocation.root). */
 static const char *state_root(const struct invocation *inv)
 {
 	return inv->root && *inv->root ? inv->root : DEFAULT_ROOT;
 }
-
-#ifdef PARSE_ONLY
-/* ---- test build: print the parse, nothing else (tests/test_launcher_parse.py) ----------- */
-
-static void put_hex(const char *label, const char *s)
-{
-	printf("%s=", label);
-	if (s == NULL) {
-		printf("-");
-	} else {
-		printf("x");
-		for (; *s; s++)
-			printf("%02x", (unsigned char)*s);
-	}
-	printf("\n");
-}
-
-int main(int argc, char **argv)
-{
-	struct invocation inv;
-
-	if (argc < 1)
-		bail(EXIT_CONFIG, "started without argv[0]");
-	parse(argv + 1, &inv);
-	put_hex("subcommand", inv.subcommand);
-	put_hex("id", inv.container_id);
-	printf("force=%d\n", inv.force);
-	put_hex("root", state_root(&inv));
-	printf("delete=%d\n", inv.is_delete);
-	{
-		char root[PATH_MAX], name[NAME_MAX + 1];
-		int named = inv.is_delete &&
-			    record_name(state_root(&inv), inv.container_id, root, sizeof(root), name, sizeof(name)) == 0;
-		put_hex("record", named ? name : NULL);
-	}
-	return 0;
-}
-#else
 
 /* ---- the routing cache (format: runc_guard/routes.py) ------------------------------------- */
 
@@ -342,7 +397,8 @@ struct routes {
 	const char *runtime;
 	const char *pending_dir;
 	int debug;
-	struct admit_settings admission;
+	/* what the start-up admission of a delete reads: the file's own values */
+	double timeout, finish_window, linger;
 	int names;
 	const char *name[MAX_NAMES];
 	const char *name_runtime[MAX_NAMES];
@@ -388,23 +444,11 @@ static int parse_seconds(const char *s, double *out)
 	return errno == 0 && *end == '\0' && *out >= 0 && *out < 1e9 ? 0 : -1;
 }
 
-/* A decimal unsigned number that is the whole word, or -1 (ERANGE, junk, empty). */
-static int parse_u64(const char *s, unsigned long long *out)
-{
-	char *end;
-
-	if (*s < '0' || *s > '9')
-		return -1;
-	errno = 0;
-	*out = strtoull(s, &end, 10);
-	return errno == 0 && *end == '\0' ? 0 : -1;
-}
-
 /* The file line: "file\t<dev> <ino> <size> <mtime_ns> <ctime_ns>" equal to `st`? */
 static int same_identity(char *value, const struct stat *st)
 {
 	unsigned long long want[5], got[5];
-	char *word, *save = NULL;
+	char *word, *save = NULL, *end;
 	int i = 0;
 
 	got[0] = (unsigned long long)st->st_dev;
@@ -412,12 +456,31 @@ static int same_identity(char *value, const struct stat *st)
 	got[2] = (unsigned long long)st->st_size;
 	got[3] = (unsigned long long)st->st_mtim.tv_sec * 1000000000ULL + (unsigned long long)st->st_mtim.tv_nsec;
 	got[4] = (unsigned long long)st->st_ctim.tv_sec * 1000000000ULL + (unsigned long long)st->st_ctim.tv_nsec;
-	for (word = strtok_r(value, " ", &save); word; word = strtok_r(NULL, " ", &save)) {
-		if (i == 5 || parse_u64(word, &want[i]) != 0)
+	for (word = strtok_r(value, " ", &save); word; word = strtok_r(NULL, " ", &save), i++) {
+		if (i == 5 || *word < '0' || *word > '9')
 			return 0;
-		i++;
+		errno = 0;
+		want[i] = strtoull(word, &end, 10);
+		if (errno != 0 || *end != '\0')
+			return 0;
 	}
 	return i == 5 && memcmp(want, got, sizeof(want)) == 0;
+}
+
+/* The whole of `fd` into buf (at most size bytes); its length, or -1 on a read error. */
+static ssize_t read_all(int fd, char *buf, size_t size)
+{
+	size_t total = 0;
+	ssize_t got;
+
+	while (total < size && (got = read(fd, buf + total, size - total)) != 0) {
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0)
+			return -1;
+		total += (size_t)got;
+	}
+	return (ssize_t)total;
 }
 
 /*
@@ -430,8 +493,7 @@ static int read_routes(const char *state_dir, const char *config, const struct s
 {
 	char name[NAME_MAX + 1], *cur = buf, *end, *line, *v, *tab;
 	struct stat dst, fst;
-	ssize_t got;
-	size_t total = 0;
+	ssize_t total;
 	int dfd, fd, n;
 
 	n = snprintf(name, sizeof(name), "routes%s", config);
@@ -441,32 +503,24 @@ static int read_routes(const char *state_dir, const char *config, const struct s
 		if (*p == '/')
 			*p = '%';
 	dfd = open(state_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd < 0)
-		return -1; /* ENOENT: never written (a fresh node, a wiped /var/lib) */
+	if (dfd < 0) /* ENOENT: never written (a fresh node, a wiped /var/lib) */
+		return -1;
 	if (fstat(dfd, &dst) != 0 || !trusted(&dst)) {
 		close(dfd);
 		return -1;
 	}
 	fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 	close(dfd);
-	if (fd < 0)
-		return -1; /* ENOENT, or ELOOP: a symlink is never ours */
+	if (fd < 0) /* ENOENT, or ELOOP: a symlink is never ours */
+		return -1;
 	if (fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode) || !trusted(&fst)) {
 		close(fd);
 		return -1;
 	}
-	while (total < size && (got = read(fd, buf + total, size - total)) != 0) {
-		if (got < 0) {
-			if (errno == EINTR)
-				continue;
-			close(fd);
-			return -1;
-		}
-		total += (size_t)got;
-	}
+	total = read_all(fd, buf, size);
 	close(fd);
-	if (total == 0 || total >= size || memchr(buf, '\0', total) != NULL)
-		return -1; /* empty, over-long, or not text */
+	if (total <= 0 || (size_t)total >= size || memchr(buf, '\0', (size_t)total) != NULL)
+		return -1; /* unreadable, empty, over-long, or not text */
 	end = buf + total;
 	memset(r, 0, sizeof(*r));
 	line = next_line(&cur, end);
@@ -484,15 +538,16 @@ static int read_routes(const char *state_dir, const char *config, const struct s
 	if (r->runtime == NULL || r->pending_dir == NULL || v == NULL || (strcmp(v, "0") && strcmp(v, "1")))
 		return -1;
 	r->debug = v[0] == '1';
-	if (parse_seconds(field(next_line(&cur, end), "timeout"), &r->admission.timeout) != 0 ||
-	    parse_seconds(field(next_line(&cur, end), "finish"), &r->admission.finish_window) != 0 ||
-	    parse_seconds(field(next_line(&cur, end), "linger"), &r->admission.linger) != 0)
+	if (parse_seconds(field(next_line(&cur, end), "timeout"), &r->timeout) != 0 ||
+	    parse_seconds(field(next_line(&cur, end), "finish"), &r->finish_window) != 0 ||
+	    parse_seconds(field(next_line(&cur, end), "linger"), &r->linger) != 0)
 		return -1;
-	r->admission.journal_socket = field(next_line(&cur, end), "journal");
-	r->admission.log_file = field(next_line(&cur, end), "logfile");
-	if (r->admission.journal_socket == NULL || r->admission.log_file == NULL)
+	/* the entries' sink: Python's to use (delete/stepaside.py), here only checked for */
+	if (field(next_line(&cur, end), "journal") == NULL || field(next_line(&cur, end), "logfile") == NULL)
 		return -1;
 	while ((line = next_line(&cur, end)) != NULL && strcmp(line, "end") != 0) {
+		if (field(line, "settings") != NULL)
+			continue; /* the Python side's cache of the parsed file */
 		v = field(line, "name");
 		tab = v ? strchr(v, '\t') : NULL;
 		if (tab == NULL || tab == v || tab[1] == '\0' || r->names == MAX_NAMES)
@@ -521,7 +576,71 @@ static const char *runtime_for(const struct routes *r, const char *invoked)
 	return default_name(invoked) ? r->runtime : NULL;
 }
 
-/* ---- the runtime, found like runc_guard/shim/runtime.py resolve_runtime -------------------- */
+/* ---- the settings' environment overrides (settings.py: a variable wins over the file) ---- */
+
+/* Is a RUNC_GUARD_* variable that names the runtime set (names: settings.py Settings._compared)? */
+static int runtime_variable(void)
+{
+	for (char **e = environ; *e; e++) /* set at all, "" included */
+		if (strncmp(*e, "RUNC_GUARD_RUNTIME=", 19) == 0 || strncmp(*e, "RUNC_GUARD_RUNTIMES=", 20) == 0)
+			return 1;
+	return 0;
+}
+
+/* Case-insensitive ASCII equality: Python's value.lower() maps no other character to these. */
+static int lower_is(const char *v, const char *want)
+{
+	for (; *v && *want; v++, want++) {
+		char c = *v >= 'A' && *v <= 'Z' ? (char)(*v - 'A' + 'a') : *v;
+		if (c != *want)
+			return 0;
+	}
+	return *v == *want;
+}
+
+/*
+ * RUNC_GUARD_PENDING_DIR and RUNC_GUARD_LOG_LEVEL win over the file, as in settings.py,
+ * where they decide whether a delete is known. -1: a value settings.py would refuse (and so
+ * keep the file's): the Python entry decides.
+ */
+static int delete_variables(struct routes *r)
+{
+	static const char *const levels[] = {"info", "warning", "error", NULL};
+	const char *pending = env_value("RUNC_GUARD_PENDING_DIR="), *level = env_value("RUNC_GUARD_LOG_LEVEL=");
+	int known = 0;
+
+	if (pending) {
+		if (pending[0] != '/')
+			return -1;
+		r->pending_dir = pending;
+	}
+	if (level) {
+		for (int i = 0; levels[i]; i++)
+			known |= lower_is(level, levels[i]);
+		if (!known && !lower_is(level, "debug"))
+			return -1;
+		r->debug = !known;
+	}
+	return 0;
+}
+
+/*
+ * Does a RUNC_GUARD_* variable change a setting the admission reads? Then the Python entry
+ * admits the delete: the launcher never parses a setting the way settings.py might not.
+ */
+static int admission_variable(void)
+{
+	static const char *const names[] = {"RUNC_GUARD_DELETE_TIMEOUT=", "RUNC_GUARD_FINISH_WINDOW=",
+					    "RUNC_GUARD_REPORTER_LINGER=", "RUNC_GUARD_JOURNAL_SOCKET=",
+					    "RUNC_GUARD_LOG_FILE=", "RUNC_GUARD_LOG_LEVEL=", NULL};
+
+	for (int i = 0; names[i]; i++)
+		if (env_value(names[i]) != NULL)
+			return 1;
+	return 0;
+}
+
+/* ---- the runtime, found like runc_guard/runtime.py resolve_runtime ------------------------- */
 
 /* A regular file we may execute (runtime.py _usable); its identity in `st`. */
 static int usable(const char *path, struct stat *st)
@@ -588,7 +707,7 @@ static int pending_record(const char *pending_dir, const char *id)
 	int found = 0, fd = open(pending_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 
 	if (fd < 0)
-		return errno != ENOENT;
+		return errno != ENOENT; /* ENOENT: no delete kept a record yet */
 	dir = fdopendir(fd);
 	if (dir == NULL) {
 		close(fd);
@@ -609,220 +728,464 @@ static int known_to_anyone(const struct invocation *inv, const struct routes *r)
 	       r->debug || pending_record(r->pending_dir, inv->container_id);
 }
 
-/* ---- the two execs ------------------------------------------------------------------------ */
+/* ---- the budget's origin and the caller (runc_guard/procinfo.py delete_caller) ------------ */
 
-/*
- * Replace this process with the runtime: same pid, argv[1:], environment, fds, signal
- * dispositions and mask. Returning from here is itself an error.
- */
-static void exec_runtime(const char *path, char **argv)
+static double clock_s(clockid_t id)
 {
-	argv[0] = (char *)path;
-	execve(path, argv, environ);
+	struct timespec ts;
+
+	if (clock_gettime(id, &ts) != 0)
+		return -1;
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A whole small file into buf, NUL-terminated; its length, or -1 when unreadable or maybe cut. */
+static ssize_t read_small(const char *path, char *buf, size_t size)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t total;
+
+	if (fd < 0)
+		return -1;
+	total = read_all(fd, buf, size - 1);
+	close(fd);
+	if (total < 0 || (size_t)total == size - 1)
+		return -1; /* full: maybe truncated, not a fact */
+	buf[total] = '\0';
+	return total;
+}
+
+/* The start time (clock ticks since boot) of /proc/<pid>/stat: field 22, counted after the ")". */
+static int start_ticks(const char *pid, unsigned long long *out)
+{
+	char path[64], buf[4096], *p, *end;
+	int field;
+
+	snprintf(path, sizeof(path), "/proc/%s/stat", pid);
+	if (read_small(path, buf, sizeof(buf)) < 0 || (p = strrchr(buf, ')')) == NULL)
+		return -1;
+	for (field = 0, p++; field < 20; field++) { /* state is field 0 after ")", starttime 19 */
+		while (*p == ' ')
+			p++;
+		if (*p == '\0')
+			return -1;
+		if (field == 19)
+			break;
+		while (*p && *p != ' ')
+			p++;
+	}
+	errno = 0;
+	*out = strtoull(p, &end, 10);
+	return errno == 0 && end != p ? 0 : -1;
+}
+
+/* procinfo.started_monotonic: when `pid` started, on CLOCK_MONOTONIC; -1 when unreadable. */
+static double started_monotonic(const char *pid)
+{
+	unsigned long long start;
+	long ticks = sysconf(_SC_CLK_TCK);
+	double age, boot = clock_s(CLOCK_BOOTTIME), mono = clock_s(CLOCK_MONOTONIC);
+
+	if (ticks <= 0 || boot < 0 || mono < 0 || start_ticks(pid, &start) != 0)
+		return -1;
+	age = boot - (double)start / (double)ticks;
+	return mono - (age > 0 ? age : 0);
+}
+
+/* procinfo.shim_role of a command line (NUL-separated words, empty ones dropped). */
+static const char *shim_role(char *cmdline, size_t len)
+{
+	const char *args[512], *base;
+	size_t n = 0, i = 0;
+
+	while (i < len && n < sizeof(args) / sizeof(*args)) {
+		if (cmdline[i])
+			args[n++] = cmdline + i;
+		i += strlen(cmdline + i) + 1;
+	}
+	if (i < len || n < 2)
+		return "unknown"; /* more words than we hold, or too few: not a shim's line */
+	base = strrchr(args[0], '/') ? strrchr(args[0], '/') + 1 : args[0];
+	if (strncmp(base, "containerd-shim", 15) != 0)
+		return "unknown";
+	if (strcmp(args[n - 1], "delete") == 0)
+		return "dead_shim";
+	if (strncmp(base, "containerd-shim-runc-v", 22) != 0)
+		return "unknown";
+	for (i = 0; i < n; i++)
+		if (strcmp(args[i], "-id") == 0)
+			return strcmp(args[n - 1], "start") == 0 ? "unknown" : "serving_shim";
+	return "unknown";
+}
+
+/* procinfo.delete_caller: (role, origin); origin -1 when even our own start is unreadable. */
+static const char *delete_caller(double *origin)
+{
+	static char cmdline[65536];
+	char parent[32];
+	const char *role;
+	double shim;
+	ssize_t len;
+
+	*origin = started_monotonic("self");
+	snprintf(parent, sizeof(parent), "/proc/%d/cmdline", (int)getppid());
+	len = read_small(parent, cmdline, sizeof(cmdline));
+	if (len < 0)
+		return "unknown";
+	role = shim_role(cmdline, (size_t)len);
+	if (strcmp(role, "dead_shim") != 0)
+		return role;
+	snprintf(parent, sizeof(parent), "%d", (int)getppid());
+	shim = started_monotonic(parent);
+	if (*origin < 0 || (shim >= 0 && shim < *origin))
+		*origin = shim;
+	return role;
+}
+
+/* ---- the start-up slots and the storm mark (runc_guard/shim/startup.py) ------------------- */
+
+/* mkdir -p with mode 0700 for every level it creates; 0 when `path` is a directory after. */
+static int make_dirs(const char *path)
+{
+	char buf[PATH_MAX];
+	struct stat st;
+	size_t n = strlen(path);
+
+	if (n == 0 || n >= sizeof(buf))
+		return -1;
+	if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+		return 0; /* the common case: one stat, not a mkdir per level */
+	memcpy(buf, path, n + 1);
+	for (char *p = buf + 1;; p++) {
+		if (*p != '/' && *p != '\0')
+			continue;
+		char was = *p;
+		*p = '\0';
+		if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+			return -1;
+		*p = was;
+		if (was == '\0')
+			break;
+	}
+	return stat(buf, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
+}
+
+/* startup.slots: two per CPU this process may run on. */
+static int slot_count(void)
+{
+	cpu_set_t set;
+	long online;
+	int cpus;
+
+	if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+		cpus = CPU_COUNT(&set);
+	} else {
+		online = sysconf(_SC_NPROCESSORS_ONLN);
+		cpus = online > 0 ? (int)online : 1;
+	}
+	return cpus < 1 ? 2 : 2 * cpus;
+}
+
+/* An flock on <dir>/<name> (close-on-exec), or -1: held by another (EWOULDBLOCK), or unusable. */
+static int try_lock(const char *dir, const char *name, int *held)
+{
+	char path[PATH_MAX];
+	int fd, n = snprintf(path, sizeof(path), "%s/%s", dir, name);
+
+	*held = 0;
+	if (n < 0 || (size_t)n >= sizeof(path))
+		return -1;
+	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -1;
+	if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+		*held = errno == EWOULDBLOCK;
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* startup.acquire: one free slot's fd (close-on-exec cleared: the Python entry inherits it),
+ * -1: no slots usable here (go on without), -2: every slot held. */
+static int acquire(const char *startup, int count)
+{
+	char name[32];
+	int fd, held;
+
+	if (make_dirs(startup) != 0)
+		return -1;
+	for (int i = 0; i < count; i++) {
+		snprintf(name, sizeof(name), "slot-%d", i);
+		fd = try_lock(startup, name, &held);
+		if (fd < 0 && held)
+			continue;
+		if (fd < 0)
+			return -1;
+		if (fcntl(fd, F_SETFD, 0) != 0) {
+			close(fd);
+			return -1;
+		}
+		return fd;
+	}
+	return -2;
+}
+
+/* startup.storm_marked: did a delete find every slot held within STORM_HOLD (the mark's mtime,
+ * wall clock)? A mark in the future or unreadable is no storm. */
+static int storm_marked(const char *mark)
+{
+	struct stat st;
+	double now = clock_s(CLOCK_REALTIME), age;
+
+	if (now < 0 || stat(mark, &st) != 0)
+		return 0;
+	age = now - ((double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec / 1e9);
+	return age >= 0 && age < STORM_HOLD;
+}
+
+/* startup.mark_storm: every slot was held. */
+static void mark_storm(const char *mark)
+{
+	int fd = open(mark, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+
+	if (fd < 0)
+		return;
+	futimens(fd, NULL);
+	close(fd);
+}
+
+/* ---- stepping aside ------------------------------------------------------------------------ */
+
+/* Printable ASCII only: what the step-aside's line carries, so Python reads back the very bytes. */
+static int plain(const char *s)
+{
+	for (; *s; s++)
+		if (*s < 0x20 || *s > 0x7e)
+			return 0;
+	return 1;
 }
 
 /*
- * Replace this process with the Python entry, the source of truth, telling it the invoked
- * name and this binary's path (the first environment entry, removed again by the entry).
- * One allocation: the environment's size is the caller's, no stack buffer fits every one.
+ * The step-aside's fact for Python (runc_guard/delete/stepaside.py), one line in the spool:
+ *   runc-guard-aside 1 <wall ns> <id> <root> <cwd, when root is relative> <runtime> <why> <n>
+ * tab-separated; `why` is budget (n: ms of it spent), storm, or slots (n: how many). By
+ * rename from a hidden temp file: never seen half-written. 0 when written.
  */
-static int python_entry(const char *self_path, char *entry, size_t size)
+static int write_fact(const char *spool, const char *id, const char *root, const char *cwd, const char *runtime,
+		      const char *why, long long n)
 {
-	const char *slash = strrchr(self_path, '/');
-	int n;
+	char line[4 * PATH_MAX], path[PATH_MAX], tmp[PATH_MAX];
+	struct timespec now;
+	long long ns;
+	int fd, len;
 
-	if (PY_ENTRY[0] == '/' || slash == NULL)
-		n = snprintf(entry, size, "%s", PY_ENTRY);
-	else
-		n = snprintf(entry, size, "%.*s/%s", (int)(slash - self_path), self_path, PY_ENTRY);
-	return n >= 0 && (size_t)n < size ? 0 : -1;
+	clock_gettime(CLOCK_REALTIME, &now);
+	ns = (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
+	len = snprintf(line, sizeof(line), ASIDE_HEADER "\t%lld\t%s\t%s\t%s\t%s\t%s\t%lld\n", ns, id, root, cwd,
+		       runtime, why, n);
+	if (len < 0 || (size_t)len >= sizeof(line) || make_dirs(spool) != 0)
+		return -1;
+	if ((size_t)snprintf(path, sizeof(path), "%s/%020lld-%d" ASIDE_SUFFIX, spool, ns, (int)getpid()) >=
+		    sizeof(path) ||
+	    (size_t)snprintf(tmp, sizeof(tmp), "%s/.aside.%d.tmp", spool, (int)getpid()) >= sizeof(tmp))
+		return -1;
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -1;
+	if (write(fd, line, (size_t)len) != len || close(fd) != 0 || rename(tmp, path) != 0) {
+		unlink(tmp);
+		return -1;
+	}
+	return 0;
 }
 
-/* RUNC_GUARD_HANDOVER=<invoked>/<self_path><tail> in buf; -1 when it does not fit. */
-static int handover_of(char *buf, size_t size, const char *invoked, const char *self_path, const char *tail)
+/*
+ * report.spawn_detached: the helper (the Python entry, told "helper") in a session of its
+ * own, its lock as fd 3, /dev/null for stdio (go-runc waits until the runtime's stdout/stderr
+ * pipes close), the caller's environment behind the hand-over. The helper itself lowers its
+ * priority and leaves our cgroups (spool.step_back). Not waited for: it outlives this process.
+ */
+static void spawn_helper(int lock, const char *const *args)
 {
-	int n = snprintf(buf, size, HANDOVER "%s/%s%s", invoked, self_path, tail);
+	char entry[PATH_MAX], handover[PATH_MAX + NAME_MAX + sizeof(HANDOVER) + 16], *argv[8], **env;
+	int null, n;
 
-	return n >= 0 && (size_t)n < size ? 0 : -1;
-}
-
-/* `tail`: "" for a plain hand-over, "\nadmitted <slot> <origin ns> <role>" for an admitted
- * delete (shim/entry.py handed_over); a newline cannot end a path readlink gave us unnoticed. */
-static void exec_python_with(char **argv, const char *invoked, const char *self_path, int code, const char *why,
-			     const char *tail)
-{
-	char entry[PATH_MAX], handover[PATH_MAX + NAME_MAX + sizeof(HANDOVER) + 96], **env;
-
-	if (python_entry(self_path, entry, sizeof(entry)) != 0)
-		bail(code, "%s; the Python entry's path is too long", why);
-	if (handover_of(handover, sizeof(handover), invoked, self_path, tail) != 0)
-		bail(code, "%s; the invoked name is too long to hand over", why);
+	if (python_entry(entry, sizeof(entry)) != 0 || handover_of(handover, sizeof(handover), "\nhelper") != 0 ||
+	    fork() != 0) { /* the parent, or fork failed: the helper's copy (if any) keeps the flock */
+		close(lock);
+		return;
+	}
+	setsid();
+	null = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0 ||
+	    (lock == 3 ? fcntl(3, F_SETFD, 0) : dup2(lock, 3)) < 0)
+		_exit(127);
 	env = environment_with(handover);
 	if (env == NULL)
-		bail(code, "%s; cannot start the Python entry: %m", why);
+		_exit(127);
 	argv[0] = entry;
+	for (n = 0; args[n] && n < 6; n++)
+		argv[n + 1] = (char *)args[n];
+	argv[n + 1] = NULL;
 	execve(entry, argv, env);
-	bail(code, "%s; cannot exec the Python entry %s: %m", why, entry);
-}
-
-static void exec_python(char **argv, const char *invoked, const char *self_path, int code, const char *why)
-{
-	exec_python_with(argv, invoked, self_path, code, why, "");
+	_exit(127);
 }
 
 /*
- * Does a RUNC_GUARD_* variable change a setting the admission reads (settings.py: the
- * variable wins over the file)? Then the Python entry admits the delete: the launcher
- * never parses a setting the way settings.py might not.
+ * entry.py _report_overloaded, at C's cost: the fact for Python, then a finisher (with a
+ * finish window) and a reporter unless one holds its lock -- once per storm -- and the
+ * runtime alone. A fact that cannot be written: the Python entry steps aside itself.
  */
-static int admission_variable(void)
+__attribute__((noreturn)) static void step_aside(const char *cache, const struct routes *r, const char *id,
+						 const char *root, const char *cwd, const char *runtime,
+						 const char *why, long long n)
 {
-	static const char *const names[] = {"RUNC_GUARD_DELETE_TIMEOUT=", "RUNC_GUARD_FINISH_WINDOW=",
-					    "RUNC_GUARD_REPORTER_LINGER=", "RUNC_GUARD_JOURNAL_SOCKET=",
-					    "RUNC_GUARD_LOG_FILE=", "RUNC_GUARD_LOG_LEVEL=", NULL};
+	char spool[PATH_MAX], linger[32];
+	int lock, held;
 
-	for (int i = 0; names[i]; i++)
-		if (env_value(names[i]) != NULL)
-			return 1;
-	return 0;
+	if ((size_t)snprintf(spool, sizeof(spool), "%s/spool", cache) >= sizeof(spool) ||
+	    write_fact(spool, id, root, cwd, runtime, why, n) != 0)
+		to_python(EXIT_RUNTIME_UNAVAILABLE, "a delete to step aside", "");
+	if (r->finish_window > 0 && (lock = try_lock(cache, FINISHER_LOCK, &held)) >= 0) {
+		const char *args[] = {"finisher", NULL};
+		spawn_helper(lock, args);
+	}
+	if ((lock = try_lock(spool, REPORTER_LOCK, &held)) >= 0) {
+		snprintf(linger, sizeof(linger), "%.17g", r->linger);
+		const char *args[] = {"reporter", spool, linger, NULL};
+		spawn_helper(lock, args);
+	}
+	exec_runtime(runtime);
+}
+
+/* Would the Python writer prune the aside directory after its write? Then it must decide. */
+static int aside_crowded(const char *cache)
+{
+	char dir[PATH_MAX];
+	struct stat st;
+	int n = snprintf(dir, sizeof(dir), "%s/aside", cache);
+
+	return n < 0 || (size_t)n >= sizeof(dir) || (stat(dir, &st) == 0 && st.st_size > CROWDED_DIR_BYTES);
 }
 
 /*
- * A known container's delete: admitted here (launcher/admit.c) when the routing cache gave
- * the admission's settings; loaded in the Python entry with the slot and the budget's origin
- * handed over, or run by the runtime alone once the step-aside is recorded. Never returns.
+ * A known container's delete: the start-up admission, as shim/entry.py _startup_slot decides
+ * it (startup.py's constants, the same clocks). Admitted: the Python entry loads the delete
+ * path with the slot and the budget's origin handed over. Too little budget left, a storm
+ * marked, or every slot held: step aside. Whatever the Python entry would write differently
+ * (a RUNC_GUARD_* variable the admission reads, a root, cwd or runtime path that is not
+ * printable ASCII, an aside directory to prune): it decides everything itself.
  */
-static void interpose(char **argv, const char *invoked, const char *self_path, const char *runtime_path,
-		      const struct invocation *inv, struct routes *r, int from_file)
+__attribute__((noreturn)) static void interpose(const struct invocation *inv, const struct routes *r,
+						const char *runtime)
 {
-	char entry[PATH_MAX], handover[PATH_MAX + NAME_MAX + sizeof(HANDOVER) + 2], tail[96];
-	const char *cache = env_value("RUNC_GUARD_CACHE_DIR=");
-	struct helper_exec helper = {entry, handover};
-	struct admitted a;
+	char startup[PATH_MAX], mark[PATH_MAX], cwd[PATH_MAX] = "", tail[96];
+	const char *cache = env_value("RUNC_GUARD_CACHE_DIR="), *root = state_root(inv), *role;
+	double origin, now, lag, left, margin, deadline;
+	int slot, count;
 
-	if (!from_file || admission_variable() || python_entry(self_path, entry, sizeof(entry)) != 0 ||
-	    handover_of(handover, sizeof(handover), invoked, self_path, "") != 0)
-		exec_python(argv, invoked, self_path, EXIT_RUNTIME_UNAVAILABLE, "a delete to interpose");
-	r->admission.cache_dir = cache ? cache : DEFAULT_CACHE_DIR;
-	switch (admit(inv->container_id, state_root(inv), runtime_path, &r->admission, &helper, &a)) {
-	case ADMIT_ASIDE:
-		exec_runtime(runtime_path, argv);
-		exec_python(argv, invoked, self_path, EXIT_RUNTIME_UNAVAILABLE, "cannot exec the runtime");
-		break;
-	case ADMIT_LOAD:
-		snprintf(tail, sizeof(tail), "\nadmitted %d %lld %s", a.slot, a.origin_ns, a.role);
-		exec_python_with(argv, invoked, self_path, EXIT_RUNTIME_UNAVAILABLE, "a delete to interpose", tail);
-		break;
-	case ADMIT_UNSURE:
-		break;
+	cache = cache ? cache : DEFAULT_CACHE_DIR;
+	/* <id>@<12 hex digits>.json (pending.record_path) longer than a file name: no record to write */
+	if (strlen(inv->container_id) + 18 > NAME_MAX || admission_variable() || !plain(root) ||
+	    !plain(runtime) || !plain(cache) || aside_crowded(cache) ||
+	    (root[0] != '/' && (getcwd(cwd, sizeof(cwd)) == NULL || !plain(cwd))) ||
+	    (size_t)snprintf(startup, sizeof(startup), "%s/startup", cache) >= sizeof(startup) ||
+	    (size_t)snprintf(mark, sizeof(mark), "%s/" STORM_MARK, startup) >= sizeof(mark))
+		to_python(EXIT_RUNTIME_UNAVAILABLE, "a delete to interpose", "");
+	role = delete_caller(&origin);
+	now = clock_s(CLOCK_MONOTONIC);
+	if (now < 0)
+		to_python(EXIT_RUNTIME_UNAVAILABLE, "a delete to interpose", "");
+	if (origin < 0)
+		origin = now;
+	/* startup.delete_deadline: the deadline the delete will use, its reply margin included */
+	lag = now - origin;
+	left = origin + r->timeout - now;
+	margin = 0;
+	if (r->finish_window > 0 && lag > 0) {
+		margin = lag / 2 < r->timeout / 2 ? lag / 2 : r->timeout / 2;
+		if (margin > left - r->timeout * MIN_BUDGET_SHARE)
+			margin = left - r->timeout * MIN_BUDGET_SHARE;
+		if (margin < 0)
+			margin = 0;
 	}
-	exec_python(argv, invoked, self_path, EXIT_RUNTIME_UNAVAILABLE, "a delete to interpose");
-}
-
-/* Is a RUNC_GUARD_* variable that names the runtime set (names: settings.py Settings._compared)? */
-static int runtime_variable(void)
-{
-	for (char **e = environ; *e; e++)
-		if (strncmp(*e, "RUNC_GUARD_RUNTIME=", 19) == 0 || strncmp(*e, "RUNC_GUARD_RUNTIMES=", 20) == 0)
-			return 1;
-	return 0;
-}
-
-/* Case-insensitive ASCII equality: Python's value.lower() maps no other character to these. */
-static int lower_is(const char *v, const char *want)
-{
-	for (; *v && *want; v++, want++) {
-		char c = *v >= 'A' && *v <= 'Z' ? (char)(*v - 'A' + 'a') : *v;
-		if (c != *want)
-			return 0;
+	deadline = origin + r->timeout - margin;
+	if (deadline - now < r->timeout * MIN_BUDGET_SHARE)
+		step_aside(cache, r, inv->container_id, root, cwd, runtime, "budget",
+			   (long long)((clock_s(CLOCK_MONOTONIC) - origin) * 1000));
+	if (storm_marked(mark)) {
+		if (strcmp(role, "dead_shim") == 0) /* startup.STORM_HOLD: the storm goes on */
+			mark_storm(mark);
+		step_aside(cache, r, inv->container_id, root, cwd, runtime, "storm", 0);
 	}
-	return *v == *want;
-}
-
-/*
- * RUNC_GUARD_PENDING_DIR and RUNC_GUARD_LOG_LEVEL win over the file, as in settings.py,
- * where they decide whether a delete is known. -1: a value settings.py would refuse (and so
- * keep the file's): the Python entry decides.
- */
-static int delete_variables(struct routes *r)
-{
-	static const char *const levels[] = {"info", "warning", "error", NULL};
-	const char *pending = env_value("RUNC_GUARD_PENDING_DIR="), *level = env_value("RUNC_GUARD_LOG_LEVEL=");
-	int known = 0;
-
-	if (pending) {
-		if (pending[0] != '/')
-			return -1;
-		r->pending_dir = pending;
+	count = slot_count();
+	slot = acquire(startup, count);
+	if (slot == -2) {
+		mark_storm(mark);
+		step_aside(cache, r, inv->container_id, root, cwd, runtime, "slots", count);
 	}
-	if (level) {
-		for (int i = 0; levels[i]; i++)
-			known |= lower_is(level, levels[i]);
-		if (!known && !lower_is(level, "debug"))
-			return -1;
-		r->debug = !known;
-	}
-	return 0;
+	snprintf(tail, sizeof(tail), "\nadmitted %d %lld %s", slot, (long long)(origin * 1e9), role);
+	to_python(EXIT_RUNTIME_UNAVAILABLE, "a delete to interpose", tail);
 }
 
 int main(int argc, char **argv)
 {
-	static char buf[MAX_ROUTES];
+	static char buf[MAX_ROUTES], derived[PATH_MAX];
 	char self_path[PATH_MAX], runtime_path[PATH_MAX];
-	const char *invoked, *config, *state_dir, *runtime;
+	const char *config, *state_dir, *cache, *runtime;
 	struct invocation inv;
 	struct routes routes;
 	struct stat self, st;
 	ssize_t len;
 	int from_file = 0;
 
-	if (argc < 1)
+	if (argc < 1 || argv[0] == NULL)
 		bail(EXIT_CONFIG, "started without argv[0]: cannot tell which runtime to front");
-	invoked = strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : argv[0];
+	call.argv = argv;
+	call.invoked = strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : argv[0];
+	call.self_path = argv[0];
 	len = readlink("/proc/self/exe", self_path, sizeof(self_path) - 1);
 	if (len <= 0 || stat("/proc/self/exe", &self) != 0) /* no /proc: loops cannot be ruled out */
-		exec_python(argv, invoked, argv[0], EXIT_CONFIG, "cannot read /proc/self/exe");
+		to_python(EXIT_CONFIG, "cannot read /proc/self/exe", "");
 	self_path[len] = '\0';
+	call.self_path = self_path;
 
 	parse(argv + 1, &inv);
 	if (runtime_variable())
-		exec_python(argv, invoked, self_path, EXIT_CONFIG, "RUNC_GUARD_RUNTIME(S) routes this call");
-
+		to_python(EXIT_CONFIG, "RUNC_GUARD_RUNTIME(S) routes this call", "");
 	config = env_value("RUNC_GUARD_CONFIG=");
 	config = config ? config : DEFAULT_CONFIG;
 	state_dir = env_value("RUNC_GUARD_STATE_DIR=");
-	if (state_dir == NULL) { /* settings.py state_dir: moves with RUNC_GUARD_CACHE_DIR */
-		static char derived[PATH_MAX];
-		const char *cache = env_value("RUNC_GUARD_CACHE_DIR=");
-		int n = cache ? snprintf(derived, sizeof(derived), "%s/state", cache) : 0;
-
-		if (n < 0 || (size_t)n >= sizeof(derived))
-			exec_python(argv, invoked, self_path, EXIT_CONFIG, "RUNC_GUARD_CACHE_DIR is too long");
-		state_dir = cache ? derived : DEFAULT_STATE_DIR;
+	cache = env_value("RUNC_GUARD_CACHE_DIR=");
+	if (state_dir == NULL && cache != NULL) { /* settings.py state_dir: moves with the cache */
+		if ((size_t)snprintf(derived, sizeof(derived), "%s/state", cache) >= sizeof(derived))
+			to_python(EXIT_CONFIG, "RUNC_GUARD_CACHE_DIR is too long", "");
+		state_dir = derived;
 	}
+	state_dir = state_dir ? state_dir : DEFAULT_STATE_DIR;
 	if (stat(config, &st) == 0) {
 		if (read_routes(state_dir, config, &st, buf, sizeof(buf), &routes) != 0)
-			exec_python(argv, invoked, self_path, EXIT_CONFIG, "no routing cache to trust");
+			to_python(EXIT_CONFIG, "no routing cache to trust", "");
 		from_file = 1;
 	} else if (errno == ENOENT) { /* no settings file: the defaults, as settings.py has them */
 		memset(&routes, 0, sizeof(routes));
 		routes.runtime = DEFAULT_RUNTIME;
 		routes.pending_dir = DEFAULT_PENDING_DIR;
 	} else {
-		exec_python(argv, invoked, self_path, EXIT_CONFIG, "cannot stat the settings file");
+		to_python(EXIT_CONFIG, "cannot stat the settings file", "");
 	}
-	runtime = runtime_for(&routes, invoked);
+	runtime = runtime_for(&routes, call.invoked);
 	if (runtime == NULL)
-		exec_python(argv, invoked, self_path, EXIT_CONFIG, "an invoked name the routing does not map");
+		to_python(EXIT_CONFIG, "an invoked name the routing does not map", "");
 	if (resolve_runtime(runtime, &self, runtime_path, sizeof(runtime_path)) != 0)
-		exec_python(argv, invoked, self_path, EXIT_RUNTIME_UNAVAILABLE, "the runtime cannot be found");
+		to_python(EXIT_RUNTIME_UNAVAILABLE, "the runtime cannot be found", "");
 	if (inv.is_delete && delete_variables(&routes) != 0)
-		exec_python(argv, invoked, self_path, EXIT_CONFIG, "a RUNC_GUARD_* variable settings.py refuses");
-	if (inv.is_delete && known_to_anyone(&inv, &routes))
-		interpose(argv, invoked, self_path, runtime_path, &inv, &routes, from_file);
-	exec_runtime(runtime_path, argv);
-	/* The Python entry reports a runtime that cannot be exec'd, journal entry included. */
-	exec_python(argv, invoked, self_path, EXIT_RUNTIME_UNAVAILABLE, "cannot exec the runtime");
-	return EXIT_RUNTIME_UNAVAILABLE;
+		to_python(EXIT_CONFIG, "a RUNC_GUARD_* variable settings.py refuses", "");
+	if (inv.is_delete && known_to_anyone(&inv, &routes)) {
+		if (!from_file) /* the defaults carry no admission settings: the Python entry admits */
+			to_python(EXIT_RUNTIME_UNAVAILABLE, "a delete to interpose", "");
+		interpose(&inv, &routes, runtime_path);
+	}
+	exec_runtime(runtime_path);
 }
-#endif

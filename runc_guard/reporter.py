@@ -32,13 +32,15 @@ from runc_guard.spool import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
 #: How long the reporter lets a full journald keep it per entry before it uses the file.
 JOURNAL_WAIT = 2.0
 #: How long a reporter waits for more entries before it exits (a storm shares one).
 LINGER = 2.0
 POLL = 0.02
+#: The launcher's step-asides in the spool (delete.stepaside): a ``take`` turns them into entries.
+STEP_ASIDE_SUFFIX = ".aside"
 
 _PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
 
@@ -128,24 +130,36 @@ def send_spooled(path: str) -> int:
     return sent
 
 
-def reporter_main(directory: str, linger: float, held: int) -> None:
+def _step_asides(directory: str) -> bool:
+    try:
+        return any(n.endswith(STEP_ASIDE_SUFFIX) and not n.startswith(".") for n in os.listdir(directory))
+    except OSError:
+        return False
+
+
+def reporter_main(directory: str, linger: float, held: int, take: Callable[[str], int] | None = None) -> None:
     """The detached reporter (``delete.report.detach_reporter`` starts it in a session of its own).
 
-    ``held`` is the spool's lock, taken for it by the delete that started it.
+    ``held`` is the spool's lock, taken for it by the delete that started it; ``take``: as in drain_spool.
     """
     keep_only_stdio_and(held)
     if step_back() is None and note_once(directory, HELPER_STAYED):
         journal.send({"MESSAGE": f"helper_cgroup_unknown: reporter: {STAYED_REASON}", "PRIORITY": 4,
                       "SYSLOG_IDENTIFIER": journal.IDENTIFIER, "EVENT": "helper_cgroup_unknown"})
-    drain_spool(directory, linger, held=held)
+    drain_spool(directory, linger, held=held, take=take)
 
 
-def drain_spool(directory: str, linger: float = LINGER, poll: float = POLL, held: int | None = None) -> int:
+def drain_spool(
+    directory: str, linger: float = LINGER, poll: float = POLL, held: int | None = None,
+    take: Callable[[str], int] | None = None,
+) -> int:
     """Send every spooled entry, lingering ``linger`` s for more; returns how many were sent.
 
     Only one reporter drains at a time (flock). One that finds the lock held
     returns at once: the holder re-checks the spool after it lets go, so an
     entry spooled just before is never stranded. ``held``: the lock, already taken.
+    ``take``: under the lock, first turns the launcher's step-asides into entries
+    (delete.stepaside.take: a leaf does not load the delete's writers itself).
     """
     sent = 0
     while True:
@@ -156,6 +170,8 @@ def drain_spool(directory: str, linger: float = LINGER, poll: float = POLL, held
         try:
             idle_until = time.monotonic() + linger
             while True:
+                if take is not None:
+                    take(directory)
                 files = pending_files(directory)
                 for path in files:
                     sent += send_spooled(path)
@@ -167,5 +183,5 @@ def drain_spool(directory: str, linger: float = LINGER, poll: float = POLL, held
                     time.sleep(poll)
         finally:
             os.close(lock)
-        if not pending_files(directory):
+        if not pending_files(directory) and not (take is not None and _step_asides(directory)):
             return sent

@@ -24,11 +24,22 @@ cached and every call takes the Python entry)::
     journal <journal_socket>
     logfile <log_file>
     name    <invoked name> <runtime>      (one per [runtimes] entry)
+    settings <the parsed file as JSON>    (when it fits and JSON carries it)
     end
 
-``timeout`` to ``logfile`` are what the launcher's start-up admission of a delete
-needs (launcher/admit.c: its slots, its step-aside record, spool entry and
-helpers); like the routing they are the file's own values, never RUNC_GUARD_*.
+``timeout`` to ``linger`` are what the launcher's start-up admission of a delete
+needs (launcher/runc-guard.c: its slots, its step-aside and its helpers); ``journal``
+and ``logfile`` stay in the format (the launcher checks they are there; the
+step-aside's entry is sent by Python). Like the routing they are the file's own
+values, never RUNC_GUARD_*.
+
+``settings`` is the Python side's cache of the parsed file (``cached_settings``):
+importing ``tomllib`` costs ~10-15 ms, more than a bare interpreter start, so every
+Python process whose file has not changed reads it from here, bound to the same
+identity as the routing; the launcher skips the line. JSON (``cjson``, ASCII only:
+no tab, newline or NUL) carries every TOML value but dates and times: a file with
+one, or too large for the launcher's buffer with it, is cached without the line
+and parsed again each time, as before.
 
 The launcher trusts it only when it and its directory belong to the euid and
 nobody else may write them, and ``file`` is the settings file's identity now.
@@ -72,8 +83,12 @@ def render(
     pending_dir: str,
     debug: bool,
     admission: Mapping[str, object],
+    settings: Mapping[str, object] | None = None,
 ) -> bytes | None:
-    """The file's bytes, or None when the launcher could not hold or parse this routing."""
+    """The file's bytes, or None when the launcher could not hold or parse this routing.
+
+    ``settings``: the parsed settings file, cached for the Python side when it can be.
+    """
     values = {k: admission[k] for k in ADMISSION_KEYS}  # KeyError: a caller's bug, not a node's
     words = [config, runtime, pending_dir, *(str(v) for v in values.values()), *runtimes, *runtimes.values()]
     if len(runtimes) > MAX_NAMES or any(not w or any(c in w for c in _FORBIDDEN) for w in words):
@@ -87,10 +102,41 @@ def render(
         f"debug\t{1 if debug else 0}",
         *(f"{_ADMISSION_LINES[k]}\t{value}" for k, value in values.items()),
         *(f"name\t{name}\t{target}" for name, target in sorted(runtimes.items())),
-        "end",
     ]
-    blob = ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
-    return blob if len(blob) < MAX_BYTES else None
+    blob = ("\n".join([*lines, "end"]) + "\n").encode("utf-8", "surrogateescape")
+    if len(blob) >= MAX_BYTES:
+        return None
+    from runc_guard import cjson  # ~0.3 ms (_json): only where a settings file exists
+
+    try:
+        parsed = cjson.dumps(settings) if settings is not None else None
+    except (TypeError, ValueError, RecursionError):  # TOML dates and times; arrays nested ~1000 deep
+        parsed = None
+    if parsed is None:
+        return blob
+    cached = ("\n".join([*lines, f"settings\t{parsed}", "end"]) + "\n").encode("utf-8", "surrogateescape")
+    return cached if len(cached) < MAX_BYTES else blob
+
+
+def cached_settings(state_dir: str, config: str, key: tuple[int, ...]) -> dict[str, object] | None:
+    """The parsed settings file cached with its routing, when the file's identity is still ``key``."""
+    blob = read_trusted(routes_file(state_dir, config), MAX_BYTES)
+    if blob is None:
+        return None
+    lines = blob.decode("utf-8", "surrogateescape").split("\n")
+    identity = "file\t" + " ".join(str(k) for k in key)
+    if lines[:3] != [HEADER, f"config\t{config}", identity] or lines[-2:] != ["end", ""]:
+        return None
+    kind, _, parsed = lines[-3].partition("\t")
+    if kind != "settings":
+        return None
+    from runc_guard import cjson
+
+    try:
+        data = cjson.loads(parsed)
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def last_good(state_dir: str, config: str) -> dict[str, object] | None:

@@ -10,21 +10,20 @@ did (``routes.last_good``, persistent); runc-guardctl refuses to act on settings
 cannot honour (``load_settings``).
 
 On the hot path: importing ``tomllib`` costs ~10-15 ms, more than a bare
-interpreter start, so the parsed file is cached with ``marshal`` (a builtin:
-free to import) under the cache directory, keyed by the file's device, inode,
-size, mtime and ctime. ctime cannot be set from user space, so an edited file
-always misses. The cache is trusted only if it is owned by us and not writable
-by group or others: ``marshal.loads`` of hostile bytes must never be reachable.
+interpreter start, so the parsed file is cached in the one settings cache both
+the launcher and Python read (``routes``: plain text and JSON, in the state
+directory), bound to the file's device, inode, size, mtime and ctime. ctime
+cannot be set from user space, so an edited file always misses. The cache is
+trusted only if it is owned by us and not writable by group or others.
 Stdlib only.
 """
 
 from __future__ import annotations
 
-import marshal
 import os
 
 from runc_guard import routes
-from runc_guard.atomic import read_trusted, write_atomic
+from runc_guard.atomic import read_trusted
 from runc_guard.errors import ConfigError
 from runc_guard.values import Value
 
@@ -92,47 +91,8 @@ def state_dir(environ: Mapping[str, str]) -> str:
     return os.path.join(moved, "state") if moved else DEFAULT_STATE_DIR
 
 
-def _cache_file(directory: str, path: str) -> str:
-    # The path is stored inside the cache and compared on read, so this name only
-    # needs to be stable, not injective.
-    return os.path.join(directory, "config" + path.replace("/", "%") + ".cache")
-
-
 def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def _trusted(st: os.stat_result) -> bool:
-    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
-
-
-def _read_cache(cache: str, path: str, key: tuple[int, ...]) -> dict[str, object] | None:
-    blob = _read_trusted(cache)
-    if blob is None:
-        return None
-    try:
-        cached_path, cached_key, data = marshal.loads(blob)
-    except (ValueError, EOFError, TypeError):
-        return None
-    if cached_path != path or tuple(cached_key) != key or not isinstance(data, dict):
-        return None
-    return data
-
-
-def _write_cache(cache: str, path: str, key: tuple[int, ...], data: dict[str, object]) -> None:
-    """Best effort: a cache that cannot be written only costs the next call 10 ms."""
-    try:
-        blob = marshal.dumps((path, key, data))
-    except ValueError:  # TOML dates and times are not marshallable: just don't cache
-        return
-    directory = os.path.dirname(cache)
-    try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        if not _trusted(os.lstat(directory)):
-            return
-        write_atomic(cache, blob, 0o600, durable=False, dir_mode=0o700)
-    except OSError:
-        pass
 
 
 #: Keys that decide where a call goes; kept from the last file that parsed (runc_guard.routes).
@@ -166,21 +126,18 @@ def first_report(cache_directory: str | None, path: str, problem: str) -> bool:
     return True
 
 
-def _read_trusted(path: str) -> bytes | None:
-    return read_trusted(path, MAX_CONFIG_BYTES * 4)
-
-
-def read_settings_file(path: str, cache_directory: str | None) -> dict[str, object]:
-    """The settings file as a dict; ``{}`` when it does not exist.
+def read_settings_file(path: str, state_directory: str | None) -> dict[str, object]:
+    """The settings file as a dict; ``{}`` when it does not exist. ``state_directory``: where
+    the settings cache is (routes.cached_settings), None for none.
 
     Raises ``OSError`` when it exists but cannot be read and ``ValueError`` when
     it is not valid TOML; the caller turns both into a ConfigError.
     """
-    return _read_settings(path, cache_directory)[0]
+    return _read_settings(path, state_directory)[0]
 
 
 def _read_settings(
-    path: str, cache_directory: str | None
+    path: str, state_directory: str | None
 ) -> tuple[dict[str, object], tuple[int, ...] | None]:
     """:func:`read_settings_file`, and the identity of the file it read (None: absent)."""
     try:
@@ -188,9 +145,8 @@ def _read_settings(
     except FileNotFoundError:
         return {}, None
     key = _stat_key(st)
-    cache = _cache_file(cache_directory, path) if cache_directory else None
-    if cache is not None:
-        cached = _read_cache(cache, path, key)
+    if state_directory:
+        cached = routes.cached_settings(state_directory, path, key)
         if cached is not None:
             return cached, key
     if st.st_size > MAX_CONFIG_BYTES:
@@ -199,8 +155,6 @@ def _read_settings(
 
     with open(path, "rb") as f:
         data: dict[str, object] = tomllib.load(f)
-    if cache is not None and cache_directory:
-        _write_cache(cache, path, key, data)
     return data, key
 
 
@@ -485,7 +439,7 @@ def _load(env: Mapping[str, str]) -> Settings:
     """
     path, cache, state = config_path(env), cache_dir(env), state_dir(env)
     try:
-        raw, identity = _read_settings(path, cache)
+        raw, identity = _read_settings(path, state)
         read_problem = None
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: arrays nested ~1000 deep
         raw, identity, read_problem = {}, None, f"cannot use settings file {path}: {_reason(exc)}"
@@ -528,8 +482,11 @@ def _previous_last_good(cache: str, path: str) -> dict[str, object] | None:
     A node upgraded while its settings file is broken has no persistent copy yet;
     the one in /run (until the next reboot) still knows where its calls went, so
     the upgrade does not turn every call into exit 78. ``marshal`` of a file that
-    is ours and writable by nobody else only (read_trusted), as the old writer wrote it.
+    is ours and writable by nobody else only (read_trusted), as the old writer wrote it:
+    read, never written any more.
     """
+    import marshal
+
     blob = read_trusted(os.path.join(cache, "routing" + path.replace("/", "%") + ".last-good"), 1 << 20)
     if blob is None:
         return None
@@ -551,8 +508,9 @@ _DEFAULTS = Settings()
 
 
 def _keep_routes(state: str, path: str, identity: tuple[int, ...], raw: Mapping[str, object]) -> None:
-    """Write the launcher's routing cache from the file alone (RUNC_GUARD_* never goes in it:
-    the launcher hands calls with routing variables to the Python entry)."""
+    """Write the settings cache from the file alone: its routing for the launcher (RUNC_GUARD_*
+    never goes in it: the launcher hands calls with routing variables to the Python entry) and
+    the parsed file for the next Python process."""
     own, found = _validated(raw, {}, path)
     if any(k in ROUTING_KEYS for k, _m in found):
         return
@@ -564,6 +522,7 @@ def _keep_routes(state: str, path: str, identity: tuple[int, ...], raw: Mapping[
         str(own.get("pending_dir", DEFAULT_PENDING_DIR)),
         own.get("log_level") == "debug",
         {key: own.get(key, getattr(_DEFAULTS, key)) for key in routes.ADMISSION_KEYS},
+        raw,
     )
     if blob is not None:
         routes.keep(state, path, blob)

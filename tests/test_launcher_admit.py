@@ -1,4 +1,4 @@
-"""The launcher's start-up admission of a known container's delete (launcher/admit.c), through
+"""The launcher's start-up admission of a known container's delete (launcher/runc-guard.c), through
 the real binary: what it hands to the Python entry, what a step-aside writes, and that it
 decides as the Python entry's admission (shim/entry.py _startup_slot) would."""
 
@@ -106,6 +106,8 @@ class Node:
         return every_slot_taken(self.cache)
 
     def aside(self, container_id: str = "c1", root: str | None = None) -> dict[str, object] | None:
+        """The aside record, once the reporter a step-aside started has written it (runc_guard.stepaside)."""
+        _wait_for_helpers(self.tmp, ("cache/spool/.reporter.lock",))
         return read_aside(record_path(os.path.join(self.cache, "aside"), root or self.root, container_id))
 
     def entries(self, event: str, timeout: float = 20.0) -> list[dict[str, object]]:
@@ -142,9 +144,12 @@ def node(tmp_path: os.PathLike[str], shim_binary: str, tracer: str) -> Iterator[
     _wait_for_helpers(str(tmp_path))
 
 
-def _wait_for_helpers(tmp: str) -> None:
+HELPER_LOCKS = ("cache/spool/.reporter.lock", "cache/finisher.lock")
+
+
+def _wait_for_helpers(tmp: str, locks: tuple[str, ...] = HELPER_LOCKS) -> None:
     """The helpers a test's deletes started exit on their own (linger 0); wait for their locks."""
-    for lock in ("cache/spool/.reporter.lock", "cache/finisher.lock"):
+    for lock in locks:
         path = os.path.join(tmp, lock)
         if not os.path.exists(path):
             continue
@@ -352,11 +357,12 @@ def test_c_and_python_step_aside_alike(node: Node) -> None:
     assert found[0] == found[1]
 
 
-ADMIT_C = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launcher", "admit.c")
+ADMIT_C = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launcher",
+                       "runc-guard.c")
 
 
 def test_the_c_constants_are_the_python_ones() -> None:
-    """launcher/admit.c restates shim/startup.py's rule and the writers' names and bounds."""
+    """launcher/runc-guard.c restates the deadline rule, startup.py's, and the writers' names and bounds."""
     from runc_guard import deadline
     from runc_guard.delete import bounds, report
     from runc_guard.shim import startup

@@ -10,11 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runc_guard import invocation as argv_mod
-from runc_guard.delete.pending import record_path
 from tests.launcher import builds
-
-#: linux/limits.h: the longest file name, in bytes.
-NAME_MAX = 255
 
 ROOT = "/run/containerd/runc/k8s.io"
 LOG = "/run/containerd/io.containerd.runtime.v2.task/k8s.io/c1/log.json"
@@ -59,21 +55,15 @@ WORDS = [
 
 
 def python_parse(args: list[bytes]) -> str:
-    """runc_guard.invocation's answer, in the PARSE_ONLY build's format."""
+    """runc_guard.invocation's answer, in the parse-only build's format."""
     inv = argv_mod.parse([os.fsdecode(a) for a in args])
 
     def hexed(value: str | None) -> str:
         return "-" if value is None else "x" + os.fsencode(value).hex()
 
-    # The admission's record name (launcher/admit.c record_name): only for printable-ASCII roots.
-    plain = all(" " <= c <= "~" for c in inv.root)
-    named = record_path("/", os.path.abspath(inv.root), inv.container_id or "") if plain else None
-    record = os.path.basename(named) if named and inv.is_delete else None
-    if record is not None and len(os.fsencode(record)) > NAME_MAX:
-        record = None  # no such file can exist (ENAMETOOLONG): the C admission leaves it to Python
     return (
         f"subcommand={hexed(inv.subcommand)}\nid={hexed(inv.container_id)}\nforce={int(inv.force)}\n"
-        f"root={hexed(inv.root)}\ndelete={int(inv.is_delete)}\nrecord={hexed(record)}\n"
+        f"root={hexed(inv.root)}\ndelete={int(inv.is_delete)}\n"
     )
 
 
@@ -117,24 +107,3 @@ def test_generated_deletes(parse_only: str, flags: list[bytes], tail: list[bytes
     """Global flags in front of a delete: the case the launcher routes on."""
     words = [*flags, b"delete", *tail]
     assert c_parse(parse_only, words) == python_parse(words)
-
-
-def test_a_record_name_fits_a_file_name_or_is_none(parse_only: str) -> None:
-    """``<id>@<12 hex>.json`` is at most NAME_MAX bytes: ids of up to 237 bytes have a record
-    name in both parsers; longer ones (runc allows 255) none in C, which leaves their delete's
-    admission to the Python entry."""
-    for length, named in ((237, True), (238, False), (255, False)):
-        words = [b"--root", b"/run/x", b"delete", b"a" * length]
-        out = c_parse(parse_only, words)
-        assert out == python_parse(words)
-        assert ("record=-\n" not in out) == named, length
-
-
-def test_record_names_over_every_sha256_padding_length(parse_only: str) -> None:
-    """Roots of 1-200 bytes (one and two final blocks, the 55/56/64-byte edges) and odd shapes: the
-    C record name (abspath, normpath, SHA-256) equals pending.record_path's."""
-    roots = ["/" + "r" * n for n in range(200)] + ["//x/./y/../z/", "///x", "x/../../..", ".", "a//b/"]
-    for root in roots:
-        args = [b"--root", root.encode(), b"delete", b"c1"]
-        out = c_parse(parse_only, args)
-        assert "record=x" in out and out == python_parse(args), root

@@ -9,8 +9,16 @@ from typing import Any
 
 import pytest
 
+from runc_guard import routes
 from runc_guard.errors import EXIT_CONFIG, ConfigError
-from runc_guard.settings import DEFAULT_DELETE_TIMEOUT, Settings, load, load_settings, read_settings_file
+from runc_guard.settings import (
+    DEFAULT_DELETE_TIMEOUT,
+    Settings,
+    load,
+    load_settings,
+    read_settings_file,
+    state_dir,
+)
 
 
 def env_for(tmp_path: os.PathLike[str], text: str | None = None, **extra: str) -> dict[str, str]:
@@ -118,22 +126,27 @@ def test_unreadable_file(tmp_path: os.PathLike[str]) -> None:
 
 
 def test_cache_hit_returns_same_data_and_edit_invalidates(tmp_path: os.PathLike[str]) -> None:
-    """The marshal cache returns the parsed file; any edit of the file misses it."""
-    env = env_for(tmp_path, 'runtime = "a"\n')
-    first = read_settings_file(env["RUNC_GUARD_CONFIG"], env["RUNC_GUARD_CACHE_DIR"])
-    assert os.listdir(env["RUNC_GUARD_CACHE_DIR"])
-    assert read_settings_file(env["RUNC_GUARD_CONFIG"], env["RUNC_GUARD_CACHE_DIR"]) == first
-    with open(env["RUNC_GUARD_CONFIG"], "w") as f:
+    """The settings cache (routes.cached_settings, written by the load) returns the parsed file;
+    any edit of the file misses it."""
+    env = env_for(tmp_path, 'runtime = "a"\ndelete_timeout = 2.5\n[runtimes]\nx = "y"\n')
+    path, state = env["RUNC_GUARD_CONFIG"], state_dir(env)
+    load(env)
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    first = routes.cached_settings(state, path, key)
+    assert first == {"runtime": "a", "delete_timeout": 2.5, "runtimes": {"x": "y"}}
+    assert read_settings_file(path, state) == first
+    with open(path, "w") as f:
         f.write('runtime = "b"\n')
-    assert read_settings_file(env["RUNC_GUARD_CONFIG"], env["RUNC_GUARD_CACHE_DIR"]) == {"runtime": "b"}
+    assert read_settings_file(path, state) == {"runtime": "b"}
 
 
 def test_cache_hit_does_not_import_tomllib(tmp_path: os.PathLike[str]) -> None:
     """A warm cache keeps tomllib (~10 ms) off the shim's start-up."""
     env = env_for(tmp_path, 'runtime = "a"\n')
     code = (
-        "import sys; from runc_guard.settings import read_settings_file as r;"
-        f"r({env['RUNC_GUARD_CONFIG']!r}, {env['RUNC_GUARD_CACHE_DIR']!r});"
+        "import sys; from runc_guard.settings import load;"
+        f"load({env!r});"
         "print('tomllib' in sys.modules)"
     )
     outs = [
@@ -144,15 +157,27 @@ def test_cache_hit_does_not_import_tomllib(tmp_path: os.PathLike[str]) -> None:
 
 
 def test_untrusted_cache_is_ignored(tmp_path: os.PathLike[str]) -> None:
-    """A cache writable by others is never unmarshalled: the file is parsed instead."""
+    """A cache writable by others is never read: the file is parsed instead."""
     env = env_for(tmp_path, 'runtime = "a"\n')
-    read_settings_file(env["RUNC_GUARD_CONFIG"], env["RUNC_GUARD_CACHE_DIR"])
-    (name,) = [n for n in os.listdir(env["RUNC_GUARD_CACHE_DIR"]) if n.endswith(".cache")]
-    cache = os.path.join(env["RUNC_GUARD_CACHE_DIR"], name)
-    with open(cache, "wb") as f:
-        f.write(b"\xff garbage")
+    load(env)
+    cache = routes.routes_file(state_dir(env), env["RUNC_GUARD_CONFIG"])
+    with open(cache) as f:
+        text = f.read()
+    with open(cache, "w") as f:
+        f.write(text.replace('"runtime": "a"', '"runtime": "z"'))
+    assert read_settings_file(env["RUNC_GUARD_CONFIG"], state_dir(env)) == {"runtime": "z"}  # ours: read
     os.chmod(cache, 0o666)
-    assert read_settings_file(env["RUNC_GUARD_CONFIG"], env["RUNC_GUARD_CACHE_DIR"]) == {"runtime": "a"}
+    assert read_settings_file(env["RUNC_GUARD_CONFIG"], state_dir(env)) == {"runtime": "a"}
+
+
+def test_what_json_cannot_carry_is_parsed_each_time(tmp_path: os.PathLike[str]) -> None:
+    """A TOML date has no JSON form: the routing is still cached for the launcher, the file is parsed."""
+    env = env_for(tmp_path, 'runtime = "a"\nwhen = 1979-05-27\n')
+    load(env)
+    with open(routes.routes_file(state_dir(env), env["RUNC_GUARD_CONFIG"])) as f:
+        text = f.read()
+    assert "runtime\ta\n" in text and "settings\t" not in text
+    assert str(read_settings_file(env["RUNC_GUARD_CONFIG"], state_dir(env))["when"]) == "1979-05-27"
 
 
 @pytest.mark.parametrize(

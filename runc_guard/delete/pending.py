@@ -229,7 +229,7 @@ class RecordRule:
 
 
 def routed_runtimes(names: Iterable[str], environ: Mapping[str, str]) -> frozenset[str]:
-    """Every path by which a delete could have found a routed runtime name (shim.runtime.resolve_runtime).
+    """Every path by which a delete could have found a routed runtime name (runtime.resolve_runtime).
 
     A path as it is; a bare name in each absolute directory of ``PATH`` and of the
     default PATH (a sweep under systemd and a shim under containerd may differ).

@@ -74,7 +74,7 @@ class EventLog:
 #: The reporter's program: a fresh interpreter, runc-guard found where this process found it.
 _REPORTER = (
     "import sys; sys.path.insert(0, sys.argv[1]); from runc_guard.reporter import reporter_main;"
-    " reporter_main(sys.argv[2], float(sys.argv[3]), 3)"
+    " from runc_guard.delete.stepaside import take; reporter_main(sys.argv[2], float(sys.argv[3]), 3, take)"
 )
 #: The fd a detached helper finds its lock on, already taken for it.
 _LOCK_FD = 3
@@ -163,7 +163,7 @@ def detach_finisher(cache_dir: str) -> int:
 
 
 def exec_helper(args: list[str]) -> int:
-    """Become the helper the launcher started through the Python entry (launcher/admit.c), its lock
+    """Become the helper the launcher started through the Python entry (launcher/runc-guard.c), its lock
     on fd 3: ``["finisher"]`` or ``["reporter", <spool>, <linger>]``. The same fresh interpreter
     and program as :func:`spawn_detached` starts; returns only when ``args`` name no helper (exit 78)."""
     import sys

@@ -83,6 +83,7 @@ from runc_guard.delete.run import DeleteRun, Outcome
 from runc_guard.delete.runtime_child import run_runtime_child
 from runc_guard.delete.state import ContainerState, read_state, runtime_state_exists
 from runc_guard.delete.stats import append_stats
+from runc_guard.delete.stepaside import pending as step_asides
 from runc_guard.errors import EXIT_INTERNAL, EXIT_UNSAFE_STATE, RuncGuardError, StateMissing, StateUnreadable
 from runc_guard.invocation import parse, valid_container_id
 from runc_guard.node.late_reclaim import LATE_MAX
@@ -583,8 +584,11 @@ def _sibling_work(doc: Mapping[str, object]) -> SiblingWork | None:
 
 
 def _work(settings: Settings, kinds: tuple[str, ...] = (OVERLOAD, SIBLING), pending: bool = True) -> set[str]:
-    """The files a finisher is for: pending records, overload and sibling aside records."""
+    """The files a finisher is for: pending records, overload and sibling aside records (and the
+    launcher's step-asides, until the reporter has made them aside records: runc_guard.delete.stepaside)."""
     names = set(json_records(settings.pending_dir)) if pending else set()
+    if pending:
+        names.update(step_asides(spool_dir(settings.cache_dir)))
     for path, doc in iter_aside(settings.cache_dir):
         if doc is not None and doc.get("kind") in kinds:
             names.add(path)

@@ -232,8 +232,10 @@ def finish_held(settings: Settings, report: SweepReport) -> None:
 
 
 def send_spooled(settings: Settings) -> None:
-    """Send delete entries a reporter never got to (it was killed, or fork failed)."""
+    """Send delete entries a reporter never got to (it was killed, or fork failed), the launcher's
+    step-asides among them (delete.stepaside)."""
+    from runc_guard.delete.stepaside import take
     from runc_guard.reporter import drain_spool
     from runc_guard.spool import spool_dir
 
-    drain_spool(spool_dir(settings.cache_dir), linger=0)
+    drain_spool(spool_dir(settings.cache_dir), linger=0, take=take)

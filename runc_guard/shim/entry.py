@@ -86,7 +86,7 @@ def _startup_slot(
     import time
 
     from runc_guard.deadline import MIN_BUDGET_SHARE, delete_deadline
-    from runc_guard.shim.startup import STORM_HOLD, acquire, mark_storm, slots, storm_marked
+    from runc_guard.shim.startup import acquire, mark_storm, overload_reason, slots, storm_marked
 
     started = origin or time.monotonic()
     now = time.monotonic()
@@ -94,40 +94,18 @@ def _startup_slot(
     deadline, _margin = delete_deadline(started, now, settings.delete_timeout, settings.finish_window > 0)
     if deadline - now < settings.delete_timeout * MIN_BUDGET_SHARE:
         spent = int((time.monotonic() - started) * 1000)
-        _report_overloaded(
-            invocation,
-            settings,
-            environ,
-            runtime,
-            f"containerd's budget for this delete was {spent} ms old when runc-guard started"
-            f" (the node is overloaded); runc-guard stepped aside and ran the runtime alone",
-        )
+        _report_overloaded(invocation, settings, environ, runtime, overload_reason("budget", spent))
         return None
     directory = os.path.join(settings.cache_dir, "startup")
     if storm_marked(directory):
         if caller == CALLERS[0]:  # a dead-shim cleanup: the storm goes on
             mark_storm(directory)
-        _report_overloaded(
-            invocation,
-            settings,
-            environ,
-            runtime,
-            f"a storm of deletes is running (every slot was held less than {STORM_HOLD:g} s ago);"
-            " runc-guard stepped aside and ran the runtime alone (the finisher or the sweep"
-            " completes what it leaves)",
-        )
+        _report_overloaded(invocation, settings, environ, runtime, overload_reason("storm", 0))
         return None
     slot = acquire(directory)
     if slot is None:
         mark_storm(directory)
-        _report_overloaded(
-            invocation,
-            settings,
-            environ,
-            runtime,
-            f"{slots()} deletes were already running at once; runc-guard stepped aside and ran"
-            " the runtime alone (the finisher or the sweep completes what it leaves)",
-        )
+        _report_overloaded(invocation, settings, environ, runtime, overload_reason("slots", slots()))
     return slot
 
 
@@ -182,7 +160,7 @@ def handed_over(environ: os._Environ[str]) -> tuple[str, str, list[str]]:
     no ``/``) first in the environment, and os.environ keeps the first of two equal names,
     so a caller's own variable of that name cannot stand in for it. It is dropped here and
     from the runtime's environment (runtime.inherited_environment). A decision is
-    ``admitted <slot fd> <origin ns> <caller>`` (launcher/admit.c admitted the delete) or
+    ``admitted <slot fd> <origin ns> <caller>`` (the launcher admitted the delete) or
     ``helper`` (it started a detached reporter or finisher through this entry).
     """
     handover = environ.pop("RUNC_GUARD_HANDOVER", None)
@@ -282,7 +260,7 @@ def main(noted: list[int] | None = None) -> int:
     if admitted is not None and not invocation.is_delete:
         _close(admitted[0])  # not this call's (the launcher parses as argv.py does): never the runtime's
     elif admitted is not None:
-        slot, origin, caller = admitted  # the launcher's start-up admission (launcher/admit.c)
+        slot, origin, caller = admitted  # the launcher's start-up admission (launcher/runc-guard.c)
     elif invocation.is_delete and _known_to_anyone(invocation, settings):
         from runc_guard.procinfo import delete_caller
 

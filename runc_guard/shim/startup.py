@@ -22,9 +22,10 @@ runtimes their budget: with slots held only while loading and a wait of up to
 of waiting. One delete at a time, the common case, takes its slot with one open
 and one flock per slot file it tries.
 
-The launcher (launcher/admit.c) applies this same rule in C before any
+The launcher (launcher/runc-guard.c) applies this same rule in C before any
 interpreter starts, and hands the slot it took to the Python entry; these
-constants are restated there (tests/test_launcher_admit.py compares them).
+constants are restated there (tests/test_launcher_admit.py compares them). Its
+step-aside names only why (``overload_reason``'s words): the text is this module's.
 """
 
 from __future__ import annotations
@@ -41,6 +42,26 @@ import time
 STORM_HOLD = 5.0
 #: The mark's name among the slot files.
 STORM_MARK = "storm"
+
+
+def overload_reason(why: str, count: int) -> str:
+    """Why a delete stepped aside at start-up, for its aside record and entry: ``budget`` (``count``:
+    ms of it spent), ``storm`` (marked), or ``slots`` (``count``: every one of them held)."""
+    if why == "budget":
+        return (
+            f"containerd's budget for this delete was {count} ms old when runc-guard started"
+            " (the node is overloaded); runc-guard stepped aside and ran the runtime alone"
+        )
+    if why == "storm":
+        return (
+            f"a storm of deletes is running (every slot was held less than {STORM_HOLD:g} s ago);"
+            " runc-guard stepped aside and ran the runtime alone (the finisher or the sweep"
+            " completes what it leaves)"
+        )
+    return (
+        f"{count} deletes were already running at once; runc-guard stepped aside and ran"
+        " the runtime alone (the finisher or the sweep completes what it leaves)"
+    )
 
 
 def storm_marked(directory: str, now: float | None = None) -> bool:

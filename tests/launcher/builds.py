@@ -10,9 +10,11 @@ BUILD = os.path.join(REPO, "launcher", "build.sh")
 
 
 def parse_only(directory: str) -> str:
-    """launcher/runc-guard.c built with -DPARSE_ONLY: prints its parse of argv, routes nothing."""
+    """tests/launcher/parse_only.c (launcher/runc-guard.c with a main of its own), built with the one
+    build rule: prints its parse of argv, routes nothing."""
     out = os.path.join(directory, "parse-only")
-    subprocess.run(["sh", BUILD, out, "runc-guard.py", "-DPARSE_ONLY"], check=True)
+    src = os.path.join(REPO, "tests", "launcher", "parse_only.c")
+    subprocess.run(["sh", BUILD, out], check=True, env={**os.environ, "SRC": src})
     return out
 
 
