@@ -86,7 +86,7 @@
 #define MAX_NAMES 256
 /* runc_guard/deadline.py */
 #define MIN_BUDGET_SHARE 0.25
-/* runc_guard/shim/startup.py */
+/* runc_guard/overload.py */
 #define STORM_HOLD 5.0
 #define STORM_MARK "storm"
 /* runc_guard/delete/bounds.py CROWDED_DIR_BYTES: past it the Python writer prunes. */

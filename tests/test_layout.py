@@ -23,8 +23,8 @@ import runc_guard
 
 PACKAGE = os.path.dirname(runc_guard.__file__)
 SHARED_LEAVES = (
-    "atomic", "cjson", "deadline", "errors", "invocation", "journal", "procinfo", "reporter", "routes",
-    "runtime", "settings", "spool", "values",
+    "atomic", "cjson", "deadline", "errors", "invocation", "journal", "overload", "procinfo", "reporter",
+    "routes", "runtime", "settings", "spool", "values",
 )  # fmt: skip
 #: Loaded only after the delete has replied (the reporter) or never by it: each costs
 #: milliseconds of start-up on containerd's critical path (docs/benchmarks.md).

@@ -10,7 +10,7 @@ import pytest
 from runc_guard.delete.aside import read_aside
 from runc_guard.delete.pending import record_path
 from runc_guard.delete.stepaside import HEADER, parse, pending, take
-from runc_guard.shim.startup import overload_reason
+from runc_guard.overload import overload_reason
 from runc_guard.spool import pending_files, read_spooled
 
 NS = 1_765_000_000_123_456_789

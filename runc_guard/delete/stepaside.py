@@ -86,8 +86,8 @@ def take(directory: str) -> int:
     if not facts:
         return 0
     from runc_guard.delete.aside import OVERLOAD, write_aside  # only with a fact: the reporter starts light
+    from runc_guard.overload import overload_reason
     from runc_guard.settings import load
-    from runc_guard.shim.startup import overload_reason
     from runc_guard.spool import write_spool
 
     settings = load(os.environ)

@@ -86,7 +86,8 @@ def _startup_slot(
     import time
 
     from runc_guard.deadline import MIN_BUDGET_SHARE, delete_deadline
-    from runc_guard.shim.startup import acquire, mark_storm, overload_reason, slots, storm_marked
+    from runc_guard.overload import overload_reason
+    from runc_guard.shim.startup import acquire, mark_storm, slots, storm_marked
 
     started = origin or time.monotonic()
     now = time.monotonic()

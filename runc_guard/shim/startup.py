@@ -33,35 +33,10 @@ from __future__ import annotations
 import os
 import time
 
-#: How long after a delete found every slot held the others step aside at once: containerd's
-#: dead-shim cleanup budget. A full set of slots renews it, and so does a dead-shim cleanup
-#: that steps aside for it (a storm's own deletes keep arriving for longer than 5 s: with a
-#: full set alone renewing it, the slots freed between arrivals put 55 of 200 on the full
-#: path); a serving shim's delete never does, so a node's steady churn of ordinary deletes
-#: never keeps it on.
-STORM_HOLD = 5.0
+from runc_guard.overload import STORM_HOLD
+
 #: The mark's name among the slot files.
 STORM_MARK = "storm"
-
-
-def overload_reason(why: str, count: int) -> str:
-    """Why a delete stepped aside at start-up, for its aside record and entry: ``budget`` (``count``:
-    ms of it spent), ``storm`` (marked), or ``slots`` (``count``: every one of them held)."""
-    if why == "budget":
-        return (
-            f"containerd's budget for this delete was {count} ms old when runc-guard started"
-            " (the node is overloaded); runc-guard stepped aside and ran the runtime alone"
-        )
-    if why == "storm":
-        return (
-            f"a storm of deletes is running (every slot was held less than {STORM_HOLD:g} s ago);"
-            " runc-guard stepped aside and ran the runtime alone (the finisher or the sweep"
-            " completes what it leaves)"
-        )
-    return (
-        f"{count} deletes were already running at once; runc-guard stepped aside and ran"
-        " the runtime alone (the finisher or the sweep completes what it leaves)"
-    )
 
 
 def storm_marked(directory: str, now: float | None = None) -> bool:
