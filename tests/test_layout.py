@@ -144,3 +144,11 @@ def test_shared_leaves_stand_below_every_program(leaf: str) -> None:
     allowed = tuple(f"runc_guard.{other}" for other in SHARED_LEAVES)
     assert [t for t in imported if t != "runc_guard" and not t.startswith(allowed)] == []
     assert third_party([t for t in _imports(os.path.join(PACKAGE, f"{leaf}.py"))]) == []
+
+
+def test_the_layout_doc_is_the_package_as_it_is() -> None:
+    """docs/layout.md's module table is what the modules' own docstrings say, module for module:
+    a module added, moved, removed or re-described without ``python -m tests.layout_doc`` fails here."""
+    from tests import layout_doc
+
+    assert layout_doc.in_doc() == layout_doc.render()

@@ -1,5 +1,4 @@
-"""What ``runc-guardctl doctor`` finds on this node: the runtime that would run, the settings, the
-kernel's features, the cgroup driver in use.
+"""What ``runc-guardctl doctor`` finds: the runtime that would run, settings, kernel, cgroup driver.
 
 Per containerd handler (``handler_routes``): what a pod without a RuntimeClass and a
 pod of each handler will run, so one command shows whether runc-guard is in front.

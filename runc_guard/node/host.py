@@ -1,5 +1,7 @@
-"""The node tools' work against this host: the scan sweep, audit and metrics share, the audit,
-the gauges, and the sweep's after-steps, each with the real kernel.
+"""The node tools' work against this host's real kernel: scan, audit, gauges, the sweep's after-steps.
+
+The scan is the one sweep, audit and metrics share; each step here is what the CLI
+once did itself with the delete path's seams.
 
 The CLI (``runc_guard.cli``) parses options and prints; everything it reads of the
 kernel and the runtimes goes through here, so ``cli`` never imports ``delete``.
