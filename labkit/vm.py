@@ -46,7 +46,7 @@ import subprocess
 import tarfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from labkit import images, runtimes
@@ -166,48 +166,42 @@ SID_PACKAGES = (
 
 def ensure_root(cache_root: str = CACHE_ROOT, node: str = BOOKWORM) -> Root:
     """The kernel root of ``node``, built once: for bookworm the nspawn lab's cached root plus
-    the kernel packages, for sid a root of its own (:func:`_ensure_sid_root`)."""
+    the kernel packages, for sid a root of its own, debootstrapped (keyed by the package list
+    like the bookworm root; sid moves daily: remove the root to take today's)."""
     if node == SID:
-        return _ensure_sid_root(cache_root)
+        key = _key(SID, ",".join(SID_PACKAGES))
+
+        def debootstrap(root: str, log: str) -> None:
+            _run_logged([sd.DEBOOTSTRAP, "--variant=minbase", SID, root, sd.MIRROR], log, 1800)
+            _install(root, SID_PACKAGES, log, 2400)
+
+        return _cached_root(cache_root, f"root-{SID}-{key}", key, debootstrap,
+                            {"packages": list(SID_PACKAGES), "suite": SID})  # fmt: skip
     base = sd.ensure_image()
     key = _key(sd.image_key(), ",".join(KERNEL_PACKAGES))
-    target = os.path.join(cache_root, f"root-{key}")
-    stamp = os.path.join(target, "built.json")
-    if os.path.exists(stamp):
-        with open(stamp) as f:
-            return Root(os.path.join(target, "root"), key, None, float(json.load(f)["build_s"]))
-    os.makedirs(cache_root, exist_ok=True)
-    partial = f"{target}.partial-{os.getpid()}"
-    shutil.rmtree(partial, ignore_errors=True)
-    os.makedirs(partial)
-    started = time.monotonic()
-    root = os.path.join(partial, "root")
-    log = os.path.join(partial, "build.log")
-    try:
+
+    def add_kernel(root: str, log: str) -> None:
         _run_logged(["cp", "-a", "--reflink=auto", base.path, root], log, 600)
-        _run_logged(
-            [UNSHARE, "-m", "--propagation", "private", "sh", "-c", CHROOT_INSTALL, "install", root,
-             *KERNEL_PACKAGES],
-            log, 1800,
-        )  # fmt: skip
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    build_s = time.monotonic() - started
-    with open(os.path.join(partial, "built.json"), "w") as f:
-        json.dump({"build_s": round(build_s, 1), "packages": list(KERNEL_PACKAGES), "base": base.path}, f)
-    try:
-        os.rename(partial, target)
-    except OSError:  # another session built it first
-        shutil.rmtree(partial, ignore_errors=True)
-    return Root(os.path.join(target, "root"), key, build_s, build_s)
+        _install(root, KERNEL_PACKAGES, log, 1800)
+
+    return _cached_root(cache_root, f"root-{key}", key, add_kernel,
+                        {"packages": list(KERNEL_PACKAGES), "base": base.path})  # fmt: skip
 
 
-def _ensure_sid_root(cache_root: str) -> Root:
-    """``debootstrap --variant=minbase sid``, then SID_PACKAGES by apt in a chroot; keyed by the
-    package list like the bookworm root (sid moves daily: remove the root to take today's)."""
-    key = _key(SID, ",".join(SID_PACKAGES))
-    target = os.path.join(cache_root, f"root-{SID}-{key}")
+def _install(root: str, packages: tuple[str, ...], log: str, timeout: float) -> None:
+    """apt-get install ``packages`` in a chroot of ``root`` (CHROOT_INSTALL), in a private mount namespace."""
+    _run_logged(
+        [UNSHARE, "-m", "--propagation", "private", "sh", "-c", CHROOT_INSTALL, "install", root, *packages],
+        log, timeout,
+    )  # fmt: skip
+
+
+def _cached_root(
+    cache_root: str, name: str, key: str, build: Callable[[str, str], None], meta: dict[str, object]
+) -> Root:
+    """``cache_root/name/root``, made once by ``build(root, log)`` in a partial directory renamed
+    into place (another session may build the same root at the same time: the first rename wins)."""
+    target = os.path.join(cache_root, name)
     stamp = os.path.join(target, "built.json")
     if os.path.exists(stamp):
         with open(stamp) as f:
@@ -217,21 +211,14 @@ def _ensure_sid_root(cache_root: str) -> Root:
     shutil.rmtree(partial, ignore_errors=True)
     os.makedirs(partial)
     started = time.monotonic()
-    root = os.path.join(partial, "root")
-    log = os.path.join(partial, "build.log")
     try:
-        _run_logged([sd.DEBOOTSTRAP, "--variant=minbase", SID, root, sd.MIRROR], log, 1800)
-        _run_logged(
-            [UNSHARE, "-m", "--propagation", "private", "sh", "-c", CHROOT_INSTALL, "install", root,
-             *SID_PACKAGES],
-            log, 2400,
-        )  # fmt: skip
+        build(os.path.join(partial, "root"), os.path.join(partial, "build.log"))
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     build_s = time.monotonic() - started
     with open(os.path.join(partial, "built.json"), "w") as f:
-        json.dump({"build_s": round(build_s, 1), "packages": list(SID_PACKAGES), "suite": SID}, f)
+        json.dump({"build_s": round(build_s, 1), **meta}, f)
     try:
         os.rename(partial, target)
     except OSError:  # another session built it first
