@@ -2,7 +2,7 @@
 
 The nspawn lab (``labkit.systemd``) inherits the host's hybrid layout; nodes today
 boot cgroup v2 unified with every controller, systemd PID 1 and kubelet's systemd
-cgroup driver. This lab boots exactly that (DESIGN.md §3):
+cgroup driver. This lab boots exactly that (docs/background.md, the labs):
 
 - the image is the nspawn lab's cached debootstrapped root plus Debian's
   ``linux-image-amd64`` (6.1), ``initramfs-tools`` and the grpc/protobuf packages

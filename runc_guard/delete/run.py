@@ -1,6 +1,6 @@
 """The interposed ``delete``: decide from facts, run the real delete, make sure the cgroups go.
 
-The facts (DESIGN.md §2): is the container's init alive (pid + start time)?
+The facts (docs/background.md, what runc-guard does): is the container's init alive (pid + start time)?
 Are its cgroups provably its own? Did the runtime keep its state? Is a cgroup
 merely busy? Then, within one deadline that also bounds the runtime child:
 
