@@ -192,10 +192,12 @@ def test_what_reclaim_cannot_drop_is_named_on_the_real_kernel(
         assert shm_usage >= MIB, "the control: nothing took the tmpfs pages"
         # Unlocked, the same page cache goes: what was left was the lock's, not the reclaim's. A page or
         # two of ext4 metadata the journal dirtied meanwhile may stay, named and holdable: the reclaim no
-        # longer waits on writeback without bound (issue 42 case 3: force_empty did).
+        # longer waits on writeback without bound (issue 42 case 3: force_empty did). And memory.stat is
+        # folded in per-CPU batches (64 pages, 256 KiB): read right after the reclaim it can still count
+        # a few dozen pages that are gone (seen: 84 KiB clean under a CI load) -- still named, holdable.
         unlocked = reclaim.reclaim(locked, time.monotonic() + 1)
         left = reclaim.page_cache(locked, reclaim.V1)
-        small = left is not None and left[0] <= 16 << 10
+        small = left is not None and left[0] <= 256 << 10
         named = reclaim.holdable(unlocked.skipped) and small
         assert unlocked.skipped == "" or named, (unlocked.skipped, left)
     finally:
