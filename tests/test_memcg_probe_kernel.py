@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -47,3 +48,30 @@ def test_this_kernel_pins_a_removed_memcg_and_doctor_says_so(tmp_path: Path) -> 
     assert reclaim.kernel_reparents(str(cache / reclaim.PROBE_FILE)) is False
     text = CliRunner().invoke(cli, ["doctor"], env={"RUNC_GUARD_CACHE_DIR": str(cache)}).output
     assert f"kernel {os.uname().release}: memcg reparenting no -> " in text, text
+
+
+def test_a_probe_killed_midway_leaves_nothing_for_long(tmp_path: Path) -> None:
+    """A finisher SIGKILLed while it probed leaves ``runc-guard-probe.<pid>/probe`` under the memory
+    root and its scratch directory. The next probe removes those of a dead pid (rmdir only: never
+    a populated cgroup) and keeps a live prober's."""
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid is free now: nothing of ours runs under it
+    mounts = cgroup_mounts()
+    root = next(m for m, t in sorted(mounts.items())
+                if t == "cgroup" and os.path.exists(os.path.join(m, "memory.force_empty")))  # fmt: skip
+    stale, live = os.path.join(root, f"runc-guard-probe.{dead.pid}"), os.path.join(root, "runc-guard-probe.1")
+    scratch = tmp_path / f".runc-guard-probe.{dead.pid}.x"
+    try:
+        os.makedirs(os.path.join(stale, "probe"))
+        os.mkdir(live)  # pid 1 is alive: a prober's, never ours to remove
+        scratch.mkdir()
+        (scratch / "probe").write_bytes(b"x")
+        _answer, how = memcg_probe.probe(mounts, scratch=str(tmp_path))
+        assert not os.path.exists(stale) and not scratch.exists(), how
+        assert os.path.isdir(live)
+    finally:
+        for path in (os.path.join(stale, "probe"), stale, live):
+            with contextlib.suppress(OSError):
+                os.rmdir(path)

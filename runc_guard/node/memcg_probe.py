@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -44,6 +45,9 @@ WAIT = 2.0
 #: Where the probe's file is written: page cache of a disk filesystem (/run and /dev/shm are tmpfs,
 #: whose pages are shmem and tell nothing about file LRU pages).
 SCRATCH = "/var/tmp"
+#: A probe's own names: its cgroup below the memory root, its scratch directory (both carry its pid).
+_STALE_CGROUP = re.compile(r"runc-guard-probe\.([0-9]+)")
+_STALE_SCRATCH = re.compile(r"\.runc-guard-probe\.([0-9]+)\..+")
 
 
 def _stat(path: str) -> dict[str, int]:
@@ -126,6 +130,7 @@ def probe(
     root = v1 or v2
     if root is None:
         return None, "no memory controller mounted"
+    _remove_stale(root, scratch)
     parent = os.path.join(root, f"runc-guard-probe.{os.getpid()}")
     child = os.path.join(parent, "probe")
     try:
@@ -172,6 +177,41 @@ def probe(
         for path in (child, parent):
             with contextlib.suppress(OSError):
                 os.rmdir(path)
+
+
+def _remove_stale(root: str, scratch: str) -> None:
+    """What a probe killed midway (a finisher SIGKILLed at its start) left: its cgroups and scratch
+    directory, named by its pid. Only those of a pid no longer alive, and only by rmdir/unlink of our
+    own names: a cgroup with anything in it stays (rmdir refuses), as does a live prober's."""
+    for path in _stale(scratch, _STALE_SCRATCH):
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(path, "probe"))  # the probe's file
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+    for path in _stale(root, _STALE_CGROUP):
+        for cgroup in (os.path.join(path, "probe"), path):  # leaf first
+            with contextlib.suppress(OSError):
+                os.rmdir(cgroup)
+
+
+def _stale(base: str, pattern: re.Pattern[str]) -> list[str]:
+    """Entries of ``base`` named by ``pattern`` whose pid (group 1) is not alive."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return []
+    return [os.path.join(base, n) for n in names
+            if (m := pattern.fullmatch(n)) is not None and not _alive(int(m.group(1)))]  # fmt: skip
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # EPERM: alive, someone else's
+    return True
 
 
 def _has_memory(mount: str) -> bool:
