@@ -47,6 +47,17 @@ def _stat_fields(pid: int, proc: str) -> list[bytes] | None:
         return None
 
 
+def pid_exists(pid: int) -> bool:
+    """kill(pid, 0): ESRCH means gone; EPERM (someone else's process) still means it exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def start_time(pid: int, proc: str = "/proc") -> int | None:
     """The process's start time in clock ticks since boot, or None when it is gone or unreadable."""
     if pid <= 0:

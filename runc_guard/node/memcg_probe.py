@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping
 
 from runc_guard.atomic import write_atomic
 from runc_guard.delete.reclaim import PROBE_FILE, kernel_reparents
+from runc_guard.procinfo import pid_exists
 
 #: What the probe memcg is charged with (a file read from inside it: clean page cache, see _charge).
 PROBE_BYTES = 1 << 20
@@ -201,17 +202,7 @@ def _stale(base: str, pattern: re.Pattern[str]) -> list[str]:
     except OSError:
         return []
     return [os.path.join(base, n) for n in names
-            if (m := pattern.fullmatch(n)) is not None and not _alive(int(m.group(1)))]  # fmt: skip
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # EPERM: alive, someone else's
-    return True
+            if (m := pattern.fullmatch(n)) is not None and not pid_exists(int(m.group(1)))]  # fmt: skip
 
 
 def _has_memory(mount: str) -> bool:

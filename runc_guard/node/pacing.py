@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 
 from runc_guard.delete.cgroupfs import CgroupFsOps
 from runc_guard.delete.reclaim import Reclaim
+from runc_guard.procinfo import pid_exists
 
 #: What ``--pacing`` accepts: the old fixed batch + pause, or the feedback loop.
 PACING_MODES = ("fixed", "adaptive")
@@ -259,7 +260,7 @@ class CgroupCanary:
             return removed
         for name in names:
             pid = name[len(self.PREFIX) :]
-            if not name.startswith(self.PREFIX) or not pid.isdigit() or _pid_exists(int(pid)):
+            if not name.startswith(self.PREFIX) or not pid.isdigit() or pid_exists(int(pid)):
                 continue
             with contextlib.suppress(OSError):
                 os.rmdir(os.path.join(self.hierarchy, name))
@@ -290,17 +291,6 @@ class CgroupCanary:
         """Remove the canary if a crash or signal left it between its mkdir and rmdir."""
         with contextlib.suppress(OSError):
             os.rmdir(self.path)
-
-
-def _pid_exists(pid: int) -> bool:
-    """kill(pid, 0): ESRCH means gone; EPERM still means it exists."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def canary_hierarchy(mounts: Iterable[str]) -> str | None:
