@@ -48,7 +48,12 @@ def _stat_fields(pid: int, proc: str) -> list[bytes] | None:
 
 
 def pid_exists(pid: int) -> bool:
-    """kill(pid, 0): ESRCH means gone; EPERM (someone else's process) still means it exists."""
+    """kill(pid, 0): ESRCH means gone; EPERM (someone else's process) still means it exists.
+
+    pid <= 0 would address a process group (kill(0, 0) is our own): never asked, never alive.
+    """
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

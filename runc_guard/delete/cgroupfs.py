@@ -15,7 +15,7 @@ import select
 import time
 
 from runc_guard.libc import statfs_type
-from runc_guard.procinfo import unescape_mountinfo
+from runc_guard.procinfo import pid_exists, unescape_mountinfo
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -103,19 +103,8 @@ class RealCgroupFs:
         return [int(x) for x in data.split()]
 
     def pid_alive(self, pid: int) -> bool:
-        """kill(pid, 0): ESRCH means gone; EPERM still means it exists.
-
-        pid <= 0 would address a process group (kill(0, 0) is our own): never asked.
-        """
-        if pid <= 0:
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        """kill(pid, 0), as procinfo.pid_exists asks it (pid <= 0 is never alive)."""
+        return pid_exists(pid)
 
     def pid_dying(self, pid: int) -> bool:
         """Exiting, a zombie, gone, or with SIGKILL pending (see procinfo.dying)."""
