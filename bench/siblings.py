@@ -21,7 +21,7 @@ import tempfile
 import time
 
 from bench.common import median_ms, percentile_ms, print_table
-from runc_guard.delete import run as delete_run
+from runc_guard.delete.siblings import mentions
 from runc_guard.delete.state import StateMissing, StateUnreadable, read_state
 
 SANDBOX_LABEL = "io.kubernetes.cri.sandbox-id"
@@ -71,7 +71,7 @@ def siblings_of(root: str, sandbox: str, prefilter: bool) -> list[str]:
     needle = sandbox.encode()
     found = []
     for cid in sorted(os.listdir(root)):
-        if cid == sandbox or (prefilter and not delete_run._mentions(root, cid, needle)):
+        if cid == sandbox or (prefilter and not mentions(root, cid, needle)):
             continue
         try:
             state = read_state(root, cid)

@@ -50,6 +50,9 @@ class FakeCgroupFs:
         #: memcgs with dirty pages: left for a hold when the caller can hold them (delete.reclaim)
         self.dirty: set[str] = set()
         self.reclaims: list[tuple[str, float]] = []
+        #: v1 freezers: path -> frozen (a path absent here has no freezer); each thaw, in order.
+        self.freezers: dict[str, bool] = {}
+        self.thawed: list[str] = []
 
     def add(self, path: str, pids: Iterable[int] = (), mtime: float | None = None) -> None:
         self.dirs[path] = list(pids)
@@ -126,6 +129,16 @@ class FakeCgroupFs:
             return Reclaim(before, before, "reclaim", skipped=self.unreclaimable[path])
         self.charged[path] = 0
         return Reclaim(before, 0, "reclaim")
+
+    def frozen(self, path: str) -> bool | None:
+        return self.freezers.get(path) if path in self.dirs else None
+
+    def thaw(self, path: str) -> bool:
+        if path not in self.dirs or path not in self.freezers:
+            return False
+        self.freezers[path] = False
+        self.thawed.append(path)
+        return True
 
     def wait_for_change(self, paths: Iterable[str], timeout: float, event_timeout: float) -> None:
         self.waits.append((tuple(paths), timeout, event_timeout))

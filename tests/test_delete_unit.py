@@ -22,6 +22,7 @@ import pytest
 import runc_guard.delete.paths as paths_mod
 import runc_guard.delete.report as report_mod
 import runc_guard.delete.run as delete_mod
+import runc_guard.delete.siblings as siblings_mod
 from runc_guard.delete.pending import PendingRecord, record_path, write_record
 from runc_guard.delete.run import DeleteRun, run_delete
 from runc_guard.invocation import parse
@@ -660,6 +661,7 @@ def test_a_sibling_scan_that_fails_never_changes_the_sandbox_status(
         return real(pid, start)
 
     monkeypatch.setattr(delete_mod, "init_liveness", eagain_for_the_sibling)
+    monkeypatch.setattr(siblings_mod, "init_liveness", eagain_for_the_sibling)
     assert lab.run("sb", lab.runtime(0)) == 0
     entry = lab.entry()
     assert (entry["outcome"], entry["exit_status"]) == ("removed", 0)
@@ -945,6 +947,19 @@ def test_a_signal_between_the_verdict_and_finish_changes_nothing(
     assert lab.run("c1", lab.runtime(0)) == 0
     assert not any(lab.fs.exists(d) for d in dirs)
     assert lab.entry()["outcome"] == "removed"
+
+
+def test_a_signal_while_the_verdict_unwinds_changes_nothing(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM that lands while the Outcome is still on its way out (here in the claim's exit, a
+    ``finally`` on the way to ``run``) is only noted: the runtime's status stands, not exit 70."""
+    real = delete_mod.Claim.__exit__
+
+    def late_signal(self: Any, *exc: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered at once, inside the exit
+        return real(self, *exc)
+
+    monkeypatch.setattr(delete_mod.Claim, "__exit__", late_signal)
+    assert lab.run("never-made", lab.runtime(3)) == 3
 
 
 def test_entries_never_wait_on_journald_when_the_spool_is_unwritable(lab: Lab, tmp_path: Any) -> None:

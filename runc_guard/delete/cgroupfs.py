@@ -52,6 +52,8 @@ class CgroupFsOps(Protocol):
     def modified_at(self, path: str) -> float | None: ...
     def stop_load_balance(self, path: str) -> None: ...
     def reclaim_memory(self, path: str, deadline: float, hold_dirty: bool = False) -> Reclaim: ...
+    def frozen(self, path: str) -> bool | None: ...
+    def thaw(self, path: str) -> bool: ...
 
 
 class RealCgroupFs:
@@ -191,6 +193,23 @@ class RealCgroupFs:
             os.write(fd, b"0")
         finally:
             os.close(fd)
+
+    def frozen(self, path: str) -> bool | None:
+        """Does the v1 freezer at ``path`` say FROZEN or FREEZING? None: no v1 freezer there, or gone."""
+        try:
+            with open(os.path.join(path, "freezer.state"), "rb") as f:
+                return f.read().strip() in (b"FROZEN", b"FREEZING")
+        except OSError:
+            return None
+
+    def thaw(self, path: str) -> bool:
+        """Write THAWED to the v1 freezer at ``path``; False when there is none (or it is gone)."""
+        try:
+            with open(os.path.join(path, "freezer.state"), "wb") as f:
+                f.write(b"THAWED")
+        except OSError:
+            return False
+        return True
 
     def modified_at(self, path: str) -> float | None:
         """mtime of a cgroup directory (its age for the sweep); None when it is gone.

@@ -30,7 +30,7 @@ import time
 
 from runc_guard.deadline import delete_deadline
 from runc_guard.delete import runclog
-from runc_guard.delete.aside import SIBLING, write_aside
+from runc_guard.delete.aside import write_aside
 from runc_guard.delete.cgroupfs import FALLBACKS, CgroupFsOps, RealCgroupFs, cgroup_mounts
 from runc_guard.delete.cleanup import (
     CgroupBusy,
@@ -53,19 +53,13 @@ from runc_guard.delete.pending import (
     remove_record,
     write_record,
 )
+from runc_guard.delete.plan import NO_PLAN, DeletePlan
 from runc_guard.delete.reclaim import DELETE_BUDGET as RECLAIM_BUDGET
 from runc_guard.delete.reclaim import PROBE_FILE
 from runc_guard.delete.report import EventLog, deliver, detach_finisher
 from runc_guard.delete.runtime_child import RuntimeRun, run_runtime_child
-from runc_guard.delete.state import (
-    MAX_STATE_BYTES,
-    PID_HOST,
-    PID_JOINED,
-    PID_PRIVATE,
-    ContainerState,
-    read_state,
-    runtime_state_exists,
-)
+from runc_guard.delete.siblings import dead_siblings, record_sibling
+from runc_guard.delete.state import ContainerState, read_state, runtime_state_exists
 from runc_guard.delete.stats import append_stats, own_cost
 from runc_guard.delete.unit_name import scope_unit_name, transient_unit_loaded
 from runc_guard.errors import (
@@ -83,11 +77,8 @@ from runc_guard.settings import SERVING_SHIM_DELETE_TIMEOUT, Settings, first_rep
 from runc_guard.spool import spool_dir
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
-
-TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs ~2.5 ms of every delete's start-up
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any, NoReturn
 
 PROG = "runc-guard"
@@ -96,22 +87,10 @@ FORWARDED = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP)
 MAX_RUNTIME_RERUNS = 3
 
 
-class _Verdict:
-    """Set the moment an Outcome exists, so a signal can no longer change it.
-
-    Between ``raise Outcome`` deep inside and ``finish()`` (which only notes
-    signals), a SIGTERM would otherwise raise Interrupted on top of the verdict
-    and turn a finished delete into an internal error (exit 70).
-    """
-
-    decided = False
-
-
 class Outcome(Exception):
-    """How one delete ended: raised from deep inside, reported once by ``run``."""
+    """How one delete ended: raised from deep inside, reported once by ``DeleteRun.run``."""
 
     def __init__(self, outcome: str, status: int, reason: str = "", failed: bool = False) -> None:
-        _Verdict.decided = True
         super().__init__(reason or outcome)
         self.outcome = outcome
         self.status = status
@@ -127,8 +106,15 @@ def signal_name(signum: int) -> str:
     return signal.Signals(signum).name
 
 
-def _raise_interrupted(signum: int, _frame: object) -> None:
-    if not _Verdict.decided:  # once decided, a signal changes nothing (_Verdict)
+def _interrupt(signum: int, _frame: object) -> None:
+    """A forwarded signal ends the delete as ``interrupted``, unless its verdict is on its way.
+
+    Between ``raise Outcome`` deep inside and ``finish()`` (which only notes
+    signals), the Outcome is the exception being handled (finally blocks, a
+    claim's exit, ``run``'s except): Interrupted raised on top of it would turn
+    a finished delete into an internal error (exit 70). So it is not raised.
+    """
+    if not isinstance(sys.exception(), Outcome):
         raise Interrupted(signum, signal_name(signum))
 
 
@@ -189,10 +175,8 @@ class DeleteRun:
         if caller != UNKNOWN_CALLER:
             self.canonical["caller"] = caller
         self.record: str | None = None
-        #: The container's cgroup directories, once read from its state.
-        self.paths: list[str] = []
-        #: Of those, the v1 freezers already frozen when this delete began (a paused container).
-        self.paused: frozenset[str] = frozenset()
+        #: What this delete may do to which cgroups, once its state (or record) is read.
+        self.plan: DeletePlan = NO_PLAN
         #: (pid, start) of an init alive when a ``delete --force`` began: the deadline's kill.
         self.live_init: tuple[int, int] | None = None
         #: The sandbox whose delete runs this one (a CRI sandbox's dead sibling), if any.
@@ -246,8 +230,7 @@ class DeleteRun:
     # -- the delete ------------------------------------------------------------
 
     def run(self, early_signals: Sequence[int] = ()) -> int:
-        _Verdict.decided = False
-        previous = {sig: _signal.signal(sig, _raise_interrupted) for sig in FORWARDED}
+        previous = {sig: _signal.signal(sig, _interrupt) for sig in FORWARDED}
         try:
             try:
                 if early_signals:
@@ -322,7 +305,7 @@ class DeleteRun:
         pid, start = live
         if init_liveness(pid, start) != ALIVE:
             return False
-        for path in self.paths:
+        for path in self.plan.paths:
             if self.fs.exists(path) and self.fs.kill_if_member(pid, path):
                 self.canonical["init_killed_at_deadline"] = pid
                 return True
@@ -337,20 +320,19 @@ class DeleteRun:
         FROZEN: the SIGKILLs stay pending and the cgroups can never empty (seen in
         a crash storm: ``sleep`` in state D, in every hierarchy, for good). Thawing
         is what runc itself would have done next; only a path of this container's
-        own (``self.paths``, proven at the start) is written, and only where the
+        own (the plan's, proven at the start) is written, and only where the
         v1 freezer says FROZEN or FREEZING now but did not when the delete began:
         a container paused before (``runc pause``) stays paused, as the runtime
         alone leaves it, and containerd still believes.
         """
-        for path in self.paths:
-            if path in self.paused or _freezer_frozen(path) is not True:
+        plan = self.plan
+        if not plan.may_thaw:
+            return
+        for path in plan.paths:
+            if path in plan.paused or self.fs.frozen(path) is not True:
                 continue  # paused by its owner, not by the runtime's destroy; or no v1 freezer, or gone
-            try:
-                with open(os.path.join(path, "freezer.state"), "wb") as f:
-                    f.write(b"THAWED")
-            except OSError:
-                continue
-            self.canonical.setdefault("thawed", []).append(path)
+            if self.fs.thaw(path):
+                self.canonical.setdefault("thawed", []).append(path)
 
     def _without_state(self, reason: str) -> None:
         """No state: finish a pending record if one is left, else this is a plain passthrough.
@@ -372,9 +354,9 @@ class DeleteRun:
                 raise Outcome(UNKNOWN, self._run_runtime(None).status, reason)
             run = self._run_runtime(self.deadline)
             self.record = record_path(self.settings.pending_dir, self.root, self.container_id)
-            paths = list(record.cgroup_paths)
-            self.canonical["cgroup_paths"] = paths
-            self._remove(paths, may_kill=False, watch_foreign=False)
+            self.plan = DeletePlan.of_record(record.cgroup_paths)
+            self.canonical["cgroup_paths"] = list(self.plan.paths)
+            self._remove()
             remove_record(self.record)
             # The runtime's own output and status pass through ("does not exist" is
             # success to containerd); the record's leftovers are gone now.
@@ -402,16 +384,15 @@ class DeleteRun:
                 True,
             ) from None
         self.canonical["cgroup_paths"] = ownership.paths
-        self.paths = ownership.paths
-        self.paused = frozenset(p for p in ownership.paths if _freezer_frozen(p))
+        self.plan = DeletePlan.of(state, ownership.paths, self.fs, self.settings.kill_stragglers)
         if ownership.step_aside is not None:
             self._step_aside(ownership.step_aside, None)
         with self._claim() as held:
             if held == BUSY:
                 raise Outcome("deadline", EXIT_CGROUP_BUSY, self._busy_reason(), True)
             self._same_container()  # under the claim, before the first kill (the wait) or runtime run
-            self.record = self._write_record(state, ownership.paths)
-            end = Outcome(*self._delete_container(state, ownership.paths))
+            self.record = self._write_record(state)
+            end = Outcome(*self._delete_container(state))
         if state.is_sandbox and end.status == 0 and end.outcome in (REMOVED, ALREADY_GONE):
             # Only once the sandbox itself is gone; their deletes come after this reply.
             self._record_siblings(state)
@@ -451,30 +432,15 @@ class DeleteRun:
                 reason = str(RuntimeDeadline(self.runtime, run.waited_ms))
                 raise Outcome("deadline", EXIT_CGROUP_BUSY, f"stepped aside ({why}); {reason}", True)
             status = run.status
-        left = [p for p in self.paths if self.fs.exists(p)]
+        left = [p for p in self.plan.paths if self.fs.exists(p)]
         if left:
             self.canonical["aside_record"] = write_aside(
                 self.settings.cache_dir, self.root, self.container_id, left, why
             )
         raise Outcome("stepped_aside", status, why)
 
-    def _kill_policy(self, state: ContainerState) -> tuple[bool, bool, bool]:
-        """(may_kill, watch_foreign, wait_first).
-
-        Kill only where runc's destroy would (no private PID namespace). Wait for
-        emptiness before the runtime only where that changes nothing the runtime
-        would do: runc-guard kills as the runtime would, or the kernel is already
-        killing (a private PID namespace whose init died). Otherwise (runc-guard
-        will not kill: ``kill_stragglers = false``, or the PID namespace is
-        unknown) the runtime runs first, and its own kill applies.
-        """
-        may_kill = self.settings.kill_stragglers and state.pid_namespace in (PID_HOST, PID_JOINED)
-        private = state.pid_namespace == PID_PRIVATE
-        return may_kill, private, may_kill or private
-
-    def _delete_container(self, state: ContainerState, paths: list[str]) -> tuple[str, int, str]:
+    def _delete_container(self, state: ContainerState) -> tuple[str, int, str]:
         """The decision table; returns (outcome, status, reason) for a delete that got through."""
-        may_kill, watch_foreign, wait_first = self._kill_policy(state)
         liveness = init_liveness(state.init_pid, state.init_start)
         self.canonical["init_alive"] = liveness == ALIVE
         if liveness == ALIVE and self.invocation.force:
@@ -483,25 +449,24 @@ class DeleteRun:
             self.canonical["init"] = liveness
             self._step_aside(f"cannot tell whether init {state.init_pid} is alive (/proc unreadable)", None)
         unit = self._scope_unit(state)
-        if liveness == DEAD and wait_first:
+        if liveness == DEAD and self.plan.wait_first:
             # The dead-shim path: empty first, so the runtime's own removal succeeds. A scope
             # is not stopped here: systemd collects it once empty, as it would without us.
-            self._wait_empty(paths, may_kill, watch_foreign, before_runtime=True)
-        run = self._run_runtime(self.deadline)
-        run = self._rerun_while_busy(run, state, paths, may_kill, watch_foreign)
+            self._wait_empty()
+        run = self._rerun_while_busy(self._run_runtime(self.deadline), state)
         if runtime_state_exists(self.invocation.root, self.container_id):
             # The runtime kept its state: it still owns the container (a delete of a
             # running container without --force, or a failure it will report itself).
             remove_record(self.record or "")
             return ("state_kept" if run.status == 0 else "runtime_failed", run.status, "")
-        if run.status != 0 and not any(self.fs.exists(p) for p in paths):
+        if run.status != 0 and not any(self.fs.exists(p) for p in self.plan.paths):
             remove_record(self.record or "")
             return ("runtime_failed", run.status, f"runtime exited with status {run.status}")
         if unit is not None:
             # A scope runc could not stop in time is left "failed": reset it once empty,
             # before the v1 leftovers go (systemd then collects the unit and its own dirs).
-            self._settle_scope(unit, paths)
-        report = self._remove(paths, may_kill, watch_foreign, runtime_status=run.status)
+            self._settle_scope(unit)
+        report = self._remove(runtime_status=run.status)
         remove_record(self.record or "")
         # "removed": runc-guard had work to do (waited for or killed processes, or removed
         # directories itself); "already_gone": the runtime alone left nothing behind.
@@ -521,7 +486,7 @@ class DeleteRun:
             self.canonical["systemd_unit"] = unit
         return unit
 
-    def _settle_scope(self, unit: str, paths: list[str]) -> None:
+    def _settle_scope(self, unit: str) -> None:
         """After the runtime's delete: wait out its stop job, reset-failed the scope once empty.
 
         Never a stop job of our own (``stop_active=False``): systemd turns a stop whose
@@ -542,7 +507,7 @@ class DeleteRun:
         from runc_guard.delete.systemd_scope import STILL_BUSY, settle
 
         def empty() -> bool:
-            return not populated_dirs(paths, self.fs)
+            return not populated_dirs(self.plan.paths, self.fs)
 
         result = settle(unit, empty, self.deadline, self.settings.poll_interval, stop_active=False)
         self.canonical["systemd_scope_after"] = result.as_dict()
@@ -556,70 +521,66 @@ class DeleteRun:
                 True,
             )
 
-    def _rerun_while_busy(
-        self, run: RuntimeRun, state: ContainerState, paths: list[str], may_kill: bool, watch_foreign: bool
-    ) -> RuntimeRun:
+    def _rerun_while_busy(self, run: RuntimeRun, state: ContainerState) -> RuntimeRun:
         """runc >= 1.2 exits 1 and keeps its state when a cgroup stays busy: wait, then again.
 
         Only for a container whose init is dead and whose cgroups still exist; a
         running container's refusal (``delete`` without ``--force``) passes on as
-        it is. A retry policy proper, so tenacity drives it: at most
-        MAX_RUNTIME_RERUNS more runs, each after the cgroups drained, none past
-        the deadline.
+        it is. At most MAX_RUNTIME_RERUNS more runs (tenacity's stop policy), each
+        after the cgroups drained, none past the deadline (an Outcome raised
+        inside ends the loop and passes on).
         """
-        if not 0 < run.status < 128 or not runtime_state_exists(self.invocation.root, self.container_id):
+        if not self._still_busy(run):
             return run  # success, a death by signal, or the state is gone: nothing to re-run
         dead = init_liveness(state.init_pid, state.init_start) == DEAD
-        if not dead or not any(self.fs.exists(p) for p in paths):
+        if not dead or not any(self.fs.exists(p) for p in self.plan.paths):
             return run  # not a busy cgroup (or we cannot tell): the runtime's failure, passed on unchanged
         from tenacity import Retrying, retry_if_result, stop_after_attempt
 
-        def busy_again(last: RuntimeRun) -> bool:
-            return last.status != 0 and runtime_state_exists(self.invocation.root, self.container_id)
-
-        def once() -> RuntimeRun:
-            self._wait_empty(paths, may_kill, watch_foreign, before_runtime=True)
-            return self._run_runtime(self.deadline)
-
-        retrying = Retrying(
-            retry=retry_if_result(busy_again),
+        reruns = Retrying(
             stop=stop_after_attempt(MAX_RUNTIME_RERUNS),
-            retry_error_callback=lambda state: state.outcome.result() if state.outcome else run,
-            reraise=True,
+            retry=retry_if_result(self._still_busy),
+            retry_error_callback=_last_run_stands,
         )
-        result: RuntimeRun = retrying(once)
-        return result
+        for attempt in reruns:
+            with attempt:
+                self._wait_empty()
+                run = self._run_runtime(self.deadline)
+            if attempt.retry_state.outcome is None or not attempt.retry_state.outcome.failed:
+                attempt.retry_state.set_result(run)
+        return run
 
-    def _wait_empty(
-        self, paths: list[str], may_kill: bool, watch_foreign: bool, before_runtime: bool
-    ) -> None:
-        """Wait (killing where allowed) until the cgroups are empty; remove nothing."""
-        report = self._drain(paths, may_kill, watch_foreign, False, None if before_runtime else 0)
+    def _still_busy(self, run: RuntimeRun) -> bool:
+        """The runtime failed (not by a signal) and kept its state: a busy cgroup, perhaps."""
+        return 0 < run.status < 128 and runtime_state_exists(self.invocation.root, self.container_id)
+
+    def _wait_empty(self) -> None:
+        """Before a run of the runtime: wait (killing where the plan allows) until the cgroups are
+        empty; remove nothing."""
+        report = self._drain(remove=False, aside=None)
         self.waited = self.waited or report.attempts > 1 or bool(report.killed)
 
-    def _remove(
-        self, paths: list[str], may_kill: bool, watch_foreign: bool, runtime_status: int = 0
-    ) -> CleanupReport:
+    def _remove(self, runtime_status: int = 0) -> CleanupReport:
         """Wait for the cgroups and remove them leaf-first."""
-        return self._drain(paths, may_kill, watch_foreign, True, runtime_status)
+        return self._drain(remove=True, aside=runtime_status)
 
-    def _drain(
-        self, paths: list[str], may_kill: bool, watch_foreign: bool, remove: bool, aside: int | None
-    ) -> CleanupReport:
-        """cleanup.drain within the deadline; its failures become this delete's Outcome.
+    def _drain(self, remove: bool, aside: int | None) -> CleanupReport:
+        """cleanup.drain of the plan's cgroups within the deadline; its failures become this
+        delete's Outcome.
 
         A foreign process makes the delete step aside with status ``aside`` (None:
         the runtime has not run yet, so it runs now, unchanged).
         """
+        plan = self.plan
         try:
             report = drain(
-                paths,
+                list(plan.paths),
                 self.fs,
                 self.deadline,
                 self.settings.poll_interval,
-                may_kill=may_kill,
+                may_kill=plan.may_kill,
                 remove=remove,
-                watch_foreign=watch_foreign,
+                watch_foreign=plan.watch_foreign,
                 clock=self.clock,
                 reclaim_budget=RECLAIM_BUDGET,
                 hold=self._hold_memcg if self.settings.finish_window > 0 else None,
@@ -661,11 +622,11 @@ class DeleteRun:
 
         return hold(path, self.settings.cache_dir, self.container_id, self.root, reason)
 
-    def _write_record(self, state: ContainerState, paths: list[str]) -> str | None:
+    def _write_record(self, state: ContainerState) -> str | None:
         record = PendingRecord(
             container_id=self.container_id,
             runtime_root=self.root,
-            cgroup_paths=paths,
+            cgroup_paths=list(self.plan.paths),
             init_pid=state.init_pid,
             init_start=state.init_start,
             runtime=self.runtime,
@@ -684,23 +645,18 @@ class DeleteRun:
     # -- a CRI sandbox's dead siblings -----------------------------------------
 
     def _record_siblings(self, sandbox: ContainerState) -> None:
-        """Record the pod's other containers whose init is dead; their deletes run after this reply.
+        """Record the pod's other containers whose init is dead (delete.siblings): their deletes
+        run after this reply.
 
-        containerd's dead-shim cleanup deletes only the sandbox (the pod's
-        containers shared its shim); their runtime state and cgroups would stay.
-        Deleting them here made the sandbox's reply wait on their cgroups (4 s
-        where stock replies in 50 ms, leaving containerd's cleanup < 1 s before
-        its SIGKILL), so each gets an aside record of kind ``sibling`` and its
-        own delete right after the reply (node.finisher, started for them even
-        with ``finish_window = 0``). A sibling whose init is alive or cannot be judged is not
-        recorded. Nothing here may change the sandbox's verdict: a failure
-        (EAGAIN, ENOMEM, ENFILE on a /proc or state read) is noted, not raised.
-        Cost on a node with hundreds of containers in the root: a state is parsed
-        only when its bytes name the sandbox (runc's labels, crun's config.json
-        annotations), so the others cost one read each.
+        Nothing here may change the sandbox's verdict: a failure (EAGAIN, ENOMEM,
+        ENFILE on a /proc or state read) is noted, not raised.
         """
         try:
-            done = [self._record_sibling(sandbox, state) for state in self._dead_siblings(sandbox)]
+            args = self.invocation.global_args(with_log=False)
+            done = [
+                record_sibling(self.settings.cache_dir, self.root, self.runtime, args, sandbox, state)
+                for state in dead_siblings(self.invocation.root, sandbox, self.mounts)
+            ]
         except Exception as exc:  # noqa: BLE001 - the sandbox's verdict is final; the sweep has the rest
             reason = f"cannot record the sandbox's dead siblings: {type(exc).__name__}: {exc}"
             self.canonical["siblings_error"] = reason
@@ -709,33 +665,6 @@ class DeleteRun:
         if done:
             self.canonical["siblings"] = done
             self.siblings_left = True
-
-    def _dead_siblings(self, sandbox: ContainerState) -> list[ContainerState]:
-        needle = sandbox.container_id.encode()
-        siblings = []
-        for container_id in _state_ids(self.invocation.root):
-            if container_id == self.container_id or not _mentions(self.invocation.root, container_id, needle):
-                continue
-            try:
-                state = read_state(self.invocation.root, container_id, self.mounts)
-            except (StateUnreadable, StateMissing):
-                continue
-            dead = init_liveness(state.init_pid, state.init_start) == DEAD
-            if state.sandbox_id == sandbox.container_id and dead:
-                siblings.append(state)
-        return siblings
-
-    def _record_sibling(self, sandbox: ContainerState, state: ContainerState) -> dict[str, object]:
-        """One sibling's aside record: what its own delete needs (argv, identity), nothing judged yet."""
-        args = [*self.invocation.global_args(with_log=False), "delete", "--force", state.container_id]
-        written = write_aside(
-            self.settings.cache_dir, self.root, state.container_id, sorted(set(state.cgroup_paths.values())),
-            f"dead sibling of sandbox {sandbox.container_id}: its own delete follows the sandbox's reply",
-            SIBLING, self.runtime,
-            {"sandbox_id": sandbox.container_id, "args": args, "init_pid": state.init_pid,
-             "init_start": state.init_start, "bundle": state.labels.get("bundle", "")},
-        )  # fmt: skip
-        return {"id": state.container_id, "left_for": "finisher" if written else "unrecorded"}
 
     def run_sibling(self, state: ContainerState) -> int:
         """The same delete for a sandbox's sibling (node.finisher, after the sandbox's reply): its own
@@ -773,33 +702,8 @@ def _level(end: Outcome) -> str:
     return "warning" if end.outcome in WARNING_OUTCOMES else "info"
 
 
-def _freezer_frozen(path: str) -> bool | None:
-    """Does the v1 freezer at ``path`` say FROZEN or FREEZING? None: no freezer there (or gone)."""
-    try:
-        with open(os.path.join(path, "freezer.state"), "rb") as f:
-            return f.read().strip() in (b"FROZEN", b"FREEZING")
-    except OSError:
-        return None
-
-
-def _state_ids(root: str) -> list[str]:
-    try:
-        return sorted(os.listdir(root))
-    except OSError:
-        return []
-
-
-def _mentions(root: str, container_id: str, needle: bytes) -> bool:
-    """Do the container's state bytes (runc's state.json, else crun's config.json) contain ``needle``?"""
-    for name in ("state.json", "config.json"):
-        try:
-            with open(os.path.join(root, container_id, name), "rb") as f:
-                return needle in f.read(MAX_STATE_BYTES + 1)
-        except FileNotFoundError:
-            continue
-        except OSError:
-            return True  # cannot tell from the bytes: let read_state decide
-    return False
+def _last_run_stands(_state: object) -> None:
+    """The re-runs are spent: the loop ends and the last run's answer stands."""
 
 
 def run_delete(
