@@ -34,9 +34,9 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from runc_guard.delete.cgroupfs import CgroupFsOps
-from runc_guard.delete.reclaim import Reclaim
 from runc_guard.procinfo import pid_exists
 
 #: What ``--pacing`` accepts: the old fixed batch + pause, or the feedback loop.
@@ -328,13 +328,16 @@ def real_signals(mounts: Iterable[str]) -> NodeSignals:
 class RmdirTimer:
     """The cgroup seam with every rmdir timed: the sweep's own latencies are one signal.
 
-    Plain delegation of :class:`CgroupFsOps`; only ``rmdir`` records its duration.
+    Every other call goes to the wrapped :class:`CgroupFsOps` unchanged.
     """
 
     def __init__(self, fs: CgroupFsOps, clock: Callable[[], float] = time.perf_counter) -> None:
         self.fs = fs
         self.clock = clock
         self.latencies: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fs, name)
 
     def take(self) -> list[float]:
         """The latencies since the last take."""
@@ -347,42 +350,6 @@ class RmdirTimer:
             self.fs.rmdir(path)
         finally:  # EBUSY and ENOENT take the same locks: they count too
             self.latencies.append(self.clock() - started)
-
-    def fs_magic(self, path: str) -> int:
-        return self.fs.fs_magic(path)
-
-    def is_symlink(self, path: str) -> bool:
-        return self.fs.is_symlink(path)
-
-    def exists(self, path: str) -> bool:
-        return self.fs.exists(path)
-
-    def children(self, path: str) -> list[str]:
-        return self.fs.children(path)
-
-    def read_procs(self, path: str) -> list[int]:
-        return self.fs.read_procs(path)
-
-    def pid_alive(self, pid: int) -> bool:
-        return self.fs.pid_alive(pid)
-
-    def pid_dying(self, pid: int) -> bool:
-        return self.fs.pid_dying(pid)
-
-    def kill_if_member(self, pid: int, path: str) -> bool:
-        return self.fs.kill_if_member(pid, path)
-
-    def wait_for_change(self, paths: Iterable[str], timeout: float, event_timeout: float) -> None:
-        self.fs.wait_for_change(paths, timeout, event_timeout)
-
-    def modified_at(self, path: str) -> float | None:
-        return self.fs.modified_at(path)
-
-    def stop_load_balance(self, path: str) -> None:
-        self.fs.stop_load_balance(path)
-
-    def reclaim_memory(self, path: str, deadline: float, hold_dirty: bool = False) -> Reclaim:
-        return self.fs.reclaim_memory(path, deadline, hold_dirty)
 
 
 # -- the acting part: measure, decide, sleep ----------------------------------------

@@ -121,8 +121,8 @@ def _report_overloaded(
     """
     try:
         from runc_guard.delete.aside import OVERLOAD, write_aside
-        from runc_guard.delete.report import EventLog, detach_finisher, detach_reporter
-        from runc_guard.spool import spool_dir, write_spool
+        from runc_guard.delete.report import EventLog, deliver, detach_finisher
+        from runc_guard.spool import spool_dir
 
         # No state was read (that is the load it avoids): audit looks the id up itself.
         root = os.path.abspath(invocation.root)
@@ -135,10 +135,7 @@ def _report_overloaded(
         context = {"container_id": invocation.container_id, "runtime_root": invocation.root}
         log = EventLog("info", context)
         log.warning("startup_overloaded", reason=reason)
-        directory = spool_dir(settings.cache_dir)
-        sink = {"journal_socket": settings.journal_socket, "log_file": settings.log_file}
-        write_spool(directory, log.entries, sink)
-        detach_reporter(directory, settings.reporter_linger)
+        deliver(log, settings, spool_dir(settings.cache_dir))
     except Exception:  # noqa: BLE001 - reporting never changes the call
         _journal(environ, "startup_overloaded", reason, 4)
 
