@@ -209,6 +209,7 @@ def test_a_claimed_record_waits_for_the_next_sweep(tmp_path: Path) -> None:
         assert held == "claimed"
         [left] = record_clock.restamp_records(pending, str(tmp_path / "cache"), rule, lambda: now)
     assert (left.done, left.why) == (False, "claim busy: left for the next sweep")
+    assert left.ahead_s == pytest.approx(AHEAD, abs=1)
     assert Path(path).read_bytes() == before
 
 

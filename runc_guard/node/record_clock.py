@@ -165,7 +165,7 @@ def _rewrite(kind: str, path: str, limit: int, clock: Callable[[], float]) -> Re
     if step is None:
         return None
     cid = str(doc.get("container_id", ""))
-    shown = round(step, 3) if math.isfinite(step) else None
+    shown = _shown(step)
     try:
         done = replace_existing(path, cjson.dumps(restamped(doc, now), sort_keys=True).encode())
     except OSError as exc:
@@ -174,16 +174,20 @@ def _rewrite(kind: str, path: str, limit: int, clock: Callable[[], float]) -> Re
 
 
 def _claimed(
-    pending_dir: str, root: str, cid: str, act: Callable[[], Restamp | None], kind: str, path: str,
+    pending_dir: str, root: str, cid: str, act: Callable[[], Restamp | None], left: Restamp,
 ) -> Restamp | None:
     """``act`` while this sweep holds the container's claim (pending.Claim): no delete or finisher
-    writes or removes its records meanwhile. A claim someone holds is tried again by the next sweep."""
+    writes or removes its records meanwhile. A claim someone holds: ``left``, for the next sweep."""
     if not valid_container_id(cid) or not os.path.isabs(root):
         return None  # nothing a delete would ever claim: audit lists it, nothing is written
     with Claim(pending_dir, root, cid, time.monotonic()) as held:
         if held == CLAIMED:
             return act()
-    return Restamp(kind, path, cid, None, False, f"claim {held}: left for the next sweep")
+    return Restamp(left.kind, left.record, cid, left.ahead_s, False, f"claim {held}: left for the next sweep")
+
+
+def _shown(step: float | None) -> float | None:
+    return round(step, 3) if step is not None and math.isfinite(step) else None
 
 
 def restamp_records(
@@ -198,18 +202,19 @@ def restamp_records(
     """
     done: list[Restamp] = []
     for path, record in iter_records(pending_dir, rule):
-        if isinstance(record, ValueError) or ahead(record.created, now()) is None:
+        if isinstance(record, ValueError) or (step := ahead(record.created, now())) is None:
             continue
         act = functools.partial(_rewrite, PENDING, path, MAX_RECORD_BYTES, now)
-        found = _claimed(pending_dir, record.runtime_root, record.container_id, act, PENDING, path)
+        left = Restamp(PENDING, path, record.container_id, _shown(step), False)
+        found = _claimed(pending_dir, record.runtime_root, record.container_id, act, left)
         if found is not None:
             done.append(found)
     for path, doc in _docs(aside_dir(cache_dir), MAX_ASIDE_BYTES):
-        if ahead(doc.get("created"), now()) is None:
+        if (step := ahead(doc.get("created"), now())) is None:
             continue
         act = functools.partial(_rewrite, ASIDE, path, MAX_ASIDE_BYTES, now)
         root, cid = str(doc.get("runtime_root", "")), str(doc.get("container_id", ""))
-        found = _claimed(pending_dir, root, cid, act, ASIDE, path)
+        found = _claimed(pending_dir, root, cid, act, Restamp(ASIDE, path, cid, _shown(step), False))
         if found is not None:
             done.append(found)
     for path, doc in _docs(held_dir(cache_dir), MAX_HELD_BYTES):
