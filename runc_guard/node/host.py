@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from runc_guard.delete.cgroupfs import RealCgroupFs, cgroup_mounts
@@ -210,7 +209,7 @@ def clear_aside(settings: Settings) -> int:
     return prune_aside(settings.cache_dir)
 
 
-def restamp_ahead(settings: Settings, report: SweepReport, now: Callable[[], float] | None = None) -> None:
+def restamp_ahead(settings: Settings, report: SweepReport) -> None:
     """Records dated ahead of the clock (a clock stepped back, or wrong when they were written): dated
     now, so that they age from here (node.record_clock). Before :func:`finish_held`, which waits on
     a held record's age."""
@@ -218,14 +217,14 @@ def restamp_ahead(settings: Settings, report: SweepReport, now: Callable[[], flo
     from runc_guard.node.record_clock import restamp_records
 
     rule = RecordRule.of(settings, RealCgroupFs(), cgroup_mounts())
-    for found in restamp_records(settings.pending_dir, settings.cache_dir, rule, now or time.time):
+    for found in restamp_records(settings.pending_dir, settings.cache_dir, rule, time.time):
         report.restamped.append(found.as_dict())
-        report.records_restamped += found.done
+        report.records_restamped += int(found.done)
         if found.why.startswith("cannot"):
             report.errors.append(f"{found.record}: dated {found.ahead_s} s ahead of the clock, {found.why}")
 
 
-def finish_held(settings: Settings, report: SweepReport, now: Callable[[], float] | None = None) -> None:
+def finish_held(settings: Settings, report: SweepReport) -> None:
     """Memory cgroups a delete held aside that no finisher finished (it was killed, or never ran):
     reclaimed as far as they can be now, then removed (node.late_reclaim, ``final``). Only once a
     finisher would have given up on them, so the two never work on one at the same time."""
@@ -234,10 +233,9 @@ def finish_held(settings: Settings, report: SweepReport, now: Callable[[], float
     from runc_guard.node.finisher import HELD_GIVE_UP
     from runc_guard.node.late_reclaim import step
 
-    now = now or time.time
     reparents = kernel_reparents(os.path.join(settings.cache_dir, PROBE_FILE)) is True
     for path, doc in iter_held(settings.cache_dir):
-        if doc is None or now() - float(doc["created"]) < HELD_GIVE_UP:
+        if doc is None or time.time() - float(doc["created"]) < HELD_GIVE_UP:
             continue
         result = step(path, doc, final=True, reparents=reparents)
         report.memcg_reclaimed_kb += result.reclaimed >> 10
