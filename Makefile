@@ -5,7 +5,9 @@ PY := $(VENV)/bin/python
 # runc/containerd/crun/busybox-static: the real parts the tests drive; systemd gives
 # systemd-journald and systemd-analyze; python3-venv builds the test venv;
 # debootstrap + systemd-container: the booted-systemd lab of the systemd cgroup
-# driver (systemd-nspawn); prometheus: promtool, which checks and unit-tests the
+# driver (systemd-nspawn), whose cached root is also the Debian 12 root the packaging
+# tests install the .deb into (labkit/chroot.py: unshare and mount from util-linux, chroot
+# from coreutils); prometheus: promtool, which checks and unit-tests the
 # alert rules; strace: stalls an import and injects syscall faults (pidfd_open ENOSYS, /proc EMFILE);
 # gcc + libc6-dev: the CRI suite's static pause binary; qemu-system-x86 + e2fsprogs:
 # the VM lab of a pure cgroup v2 node (qemu under TCG, its disk made by mkfs.ext4 -d);

@@ -1,20 +1,25 @@
 """The .deb, the single-file build and the DaemonSet installer, built and run for real.
 
-The kernel-marked test installs the .deb with apt on this machine (Debian's own
-python3-* libraries), runs a real Path B delete through /usr/bin/runc-guard in
-front of runc, and purges the package again, whatever happens.
+The .deb is installed with apt into a Debian 12 root of its own (labkit.chroot: the
+cached bookworm image under an overlay, Debian's own python3-* libraries), never into
+this machine; there the tests check its files and timers, run a real Path B delete
+through its /usr/bin/runc-guard in front of the root's runc, configure containerd with
+Debian's tomlkit, and purge it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
+import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -23,7 +28,7 @@ import tomlkit
 import yaml
 
 import runc_guard
-from labkit import prereq, stall
+from labkit import chroot, prereq, stall
 from runc_guard.settings import Settings, load_settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -577,84 +582,148 @@ def test_pyz_shim_mid_upgrade_keeps_its_own_version(
     assert shim.returncode == 0, err
 
 
-# -- the installed .deb (root: installs into the system) ------------------------------------
+# -- the installed .deb, in a Debian 12 root of its own ----------------------------------------
+#
+# Installed with apt into a throwaway root over the cached bookworm image (labkit.chroot),
+# never into this machine: no test reads or changes the host's runc-guard package,
+# /etc/runc-guard or /run/runc-guard, so these run alike where one is installed.
 
-def _installed(package: str) -> bool:
-    proc = subprocess.run(["dpkg-query", "-W", "-f", "${Status}", package],
-                          capture_output=True, text=True, check=False)
+
+def _installed(root: chroot.DebianRoot, package: str) -> bool:
+    proc = root.run(["dpkg-query", "-W", "-f", "${Status}", package], check=False)
     return proc.returncode == 0 and "install ok installed" in proc.stdout
 
 
+def _exists(root: chroot.DebianRoot, *paths: str) -> dict[str, bool]:
+    """Which of ``paths`` exist inside the root (symlinks as themselves)."""
+    script = 'for p; do [ -e "$p" ] || [ -L "$p" ] && echo "$p"; done; true'
+    found = root.run(["sh", "-c", script, "-", *paths])
+    there = set(found.stdout.splitlines())
+    return {path: path in there for path in paths}
+
+
+#: Where the README and the man pages say the package puts things.
+INSTALLED = ("/usr/bin/runc-guard", "/usr/bin/runc-guardctl", "/usr/lib/runc-guard/runc-guard.py",
+             "/usr/lib/python3/dist-packages/runc_guard/shim/entry.py", "/etc/runc-guard/config.toml",
+             "/lib/systemd/system/runc-guard-sweep.timer", "/lib/systemd/system/runc-guard-audit.timer",
+             "/usr/share/man/man8/runc-guard.8.gz", "/usr/share/man/man8/runc-guardctl.8.gz")
+TIMERS = ("runc-guard-sweep.timer", "runc-guard-audit.timer")
+WANTS = "/etc/systemd/system/timers.target.wants"
+
+
+@contextlib.contextmanager
+def _root_with(deb: str, work: str, shared: tuple[str, ...] = ()) -> Iterator[chroot.DebianRoot]:
+    """A Debian 12 root (labkit.chroot) with the .deb installed by apt, as an operator installs it."""
+    prereq.require_none(chroot.missing())
+    with chroot.debian_root(work, (os.path.dirname(deb), *shared)) as root:
+        root.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", deb], timeout=600)
+        yield root
+
+
+@pytest.fixture(scope="module")
+def installed_root(deb: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[chroot.DebianRoot]:
+    """One root with the package installed, for the tests below that only use it, and a directory
+    of theirs shared into it at its own path (the same absolute path inside and out)."""
+    share = str(tmp_path_factory.mktemp("rgpkg-share"))
+    with _root_with(deb, str(tmp_path_factory.mktemp("rgpkg-root")), (share,)) as root:
+        yield root
+
+
 @pytest.fixture
-def installed_deb(deb: str) -> Iterator[str]:
-    """The .deb installed with apt (pulling Debian's python3-* libs); purged afterwards."""
-    # A leftover install (a run killed before its purge, or an operator's) is not ours to
-    # remove: a machine without one is this test's prerequisite, like any other.
-    prereq.require(
-        not _installed("runc-guard"),
-        "a machine without the runc-guard package (it is installed; `apt-get purge runc-guard`"
-        " if it is a leftover of an earlier test run)",
-    )
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    argv = ["apt-get", "install", "-y", "-qq", deb]
-    try:
-        try:
-            run(argv, env=env, timeout=600)
-        except subprocess.CalledProcessError:  # stale package lists: refresh once
-            run(["apt-get", "update", "-qq"], env=env, timeout=600)
-            run(argv, env=env, timeout=600)
-        yield "/usr/bin/runc-guard"
-    finally:
-        subprocess.run(["apt-get", "remove", "--purge", "-y", "-qq", "runc-guard"], env=env,
-                       capture_output=True, timeout=600, check=False)
+def share(installed_root: chroot.DebianRoot, tmp_path: Any) -> str:
+    """A directory at the same path on the host and in the root (the module's shared one)."""
+    path = os.path.join(installed_root.shared[-1], os.path.basename(str(tmp_path)))
+    os.makedirs(path)
+    return path
 
 
-@pytest.mark.host_install
-def test_installed_deb_enables_the_sweep_and_audit_timers(installed_deb: str) -> None:
+def test_installed_deb_enables_the_sweep_and_audit_timers(
+    installed_root: chroot.DebianRoot, record_property: Callable[[str, object], None]
+) -> None:
     """Without its timers /run fills with what nobody prunes or rotates, and leaks wait for nobody:
-    the first install enables both (offline here: PID 1 is no systemd, so symlinks are the proof)."""
-    wants = "/etc/systemd/system/timers.target.wants"
-    for timer in ("runc-guard-sweep.timer", "runc-guard-audit.timer"):
-        link = os.path.join(wants, timer)
-        assert os.path.islink(link), f"{timer} not enabled"
-        assert os.path.realpath(link) == os.path.realpath(f"/lib/systemd/system/{timer}")
+    the first install enables both (offline here: PID 1 is no systemd, so symlinks are the proof);
+    every file is where the README and the man pages say."""
+    root = installed_root
+    built = "cached" if root.build_s is None else f"{root.build_s:.1f} s now"
+    record_property("figure", f"Debian root for the .deb: debootstrap {root.recorded_build_s:.1f} s, {built}")
+    assert all(_exists(root, *INSTALLED).values()), _exists(root, *INSTALLED)
+    for timer in TIMERS:
+        link, unit = os.path.join(WANTS, timer), f"/lib/systemd/system/{timer}"
+        script = 'test -L "$1" && readlink -f "$1" "$2"'
+        resolved = root.run(["sh", "-c", script, "-", link, unit], check=False)
+        targets = resolved.stdout.split()
+        assert len(targets) == 2 and targets[0] == targets[1], f"{timer} not enabled: {resolved}"
+
+
+def test_purge_removes_what_the_package_and_its_runs_left(deb: str, tmp_path: Any) -> None:
+    """``apt-get purge``: the files, the enabled timers, the conffile, the fallback log and the routing
+    cache go; a removal refuses while containerd is still configured to run runc-guard."""
+    with _root_with(deb, str(tmp_path / "root")) as root:
+        root.run(["sh", "-c", "mkdir -p /var/log/runc-guard /var/lib/runc-guard /etc/containerd"
+                              " && echo '{}' > /var/log/runc-guard/events.jsonl"
+                              " && echo '{}' > /etc/containerd/config.toml.runc-guard.json"])  # fmt: skip
+        refused = root.run(["apt-get", "remove", "-y", "-qq", "runc-guard"], check=False)
+        assert refused.returncode != 0 and "configure containerd --revert" in refused.stderr + refused.stdout
+        assert _installed(root, "runc-guard")
+        root.run(["rm", "/etc/containerd/config.toml.runc-guard.json"])
+        root.run(["apt-get", "remove", "--purge", "-y", "-qq", "runc-guard"])
+        gone = (*INSTALLED, *(os.path.join(WANTS, t) for t in TIMERS), "/etc/runc-guard",
+                "/var/log/runc-guard", "/var/lib/runc-guard", "/usr/lib/python3/dist-packages/runc_guard")
+        left = _exists(root, *gone)
+        assert not any(left.values()), [p for p, there in left.items() if there]
+        assert not _installed(root, "runc-guard")
+        for dep in DEBIAN_DEPS:  # Debian's libraries stay: other packages may use them
+            assert _installed(root, dep), dep
 
 
 @pytest.mark.kernel
-@pytest.mark.host_install
-def test_installed_deb_removes_cgroups_on_a_slow_delete(installed_deb: str, tmp_path: Any) -> None:
-    """Through the apt-installed /usr/bin/runc-guard a Path B delete leaves no cgroup behind."""
+def test_installed_deb_removes_cgroups_on_a_slow_delete(
+    installed_root: chroot.DebianRoot, share: str
+) -> None:
+    """Through the apt-installed /usr/bin/runc-guard (in front of the root's runc 1.1.5, Debian's
+    python3 and libraries) a Path B delete leaves no cgroup behind."""
+    from labkit.kernel import wait_reported
     from labkit.scenario import guard_env, run_leak_scenario
 
-    assert _installed("runc-guard")
+    root = installed_root
+    assert _installed(root, "runc-guard")
     for dep in DEBIAN_DEPS:
-        assert _installed(dep), dep
-    assert os.path.isdir("/usr/lib/python3/dist-packages/runc_guard/__pycache__")
-    env = guard_env(str(tmp_path))
+        assert _installed(root, dep), dep
+    assert _exists(root, "/usr/lib/python3/dist-packages/runc_guard/__pycache__")[
+        "/usr/lib/python3/dist-packages/runc_guard/__pycache__"]
+    env = guard_env(share)
     # The hot path of the installed Python entry, under Debian's interpreter.
     entry = "/usr/lib/runc-guard/runc-guard.py"
-    modules = imported_modules(
-        [DEB_PYTHON, "-IS", "-X", "importtime", entry, "--version"],  # as its shebang runs it
-        {**env, "RUNC_GUARD_RUNTIME": "/bin/true"},
-    )
+    trace = root.run([DEB_PYTHON, "-IS", "-X", "importtime", entry, "--version"],  # as its shebang runs it
+                     env=root.env({**_guard_settings(env), "RUNC_GUARD_RUNTIME": "/bin/true"}))
+    modules = {line.split("|")[-1].strip() for line in trace.stderr.splitlines()
+               if line.startswith("import time:") and "|" in line}  # fmt: skip
     assert "runc_guard.shim.entry" in modules
     assert not modules & set(HEAVY)
-    result = run_leak_scenario(installed_deb, str(tmp_path), 0.5, env)
+    guard = root.wrapper(os.path.join(share, "runc-guard"), "/usr/bin/runc-guard")
+    result = run_leak_scenario(guard, share, 0.5, root.env(_guard_settings(env)))
+    assert wait_reported(env["RUNC_GUARD_CACHE_DIR"]), "the root's reporter did not finish"
     assert result["exit_status"] == 0, result["stderr"]
     assert result["left"] == []
-    assert run(["/usr/bin/runc-guardctl", "--version"]).stdout.strip().endswith(
-        runc_guard.__version__
-    )
+    with open(env["RUNC_GUARD_LOG_FILE"]) as f:  # the root's runc-guard interposed, in front of its runc
+        [delete] = [e for e in map(json.loads, f) if e.get("event") == "delete"]
+    assert (delete["outcome"], delete["runtime"], delete["container_id"]) == (
+        "removed", "/usr/sbin/runc", result["container_id"])
+    assert root.run(["/usr/bin/runc-guardctl", "--version"]).stdout.strip().endswith(runc_guard.__version__)
 
 
-@pytest.mark.kernel
-@pytest.mark.host_install
-def test_installed_deb_configures_with_debians_tomlkit(installed_deb: str, tmp_path: Any) -> None:
+def _guard_settings(env: Mapping[str, str]) -> dict[str, str]:
+    """The RUNC_GUARD_* paths of ``env`` (all in the shared directory), nothing of the host's PATH."""
+    return {k: v for k, v in env.items() if k.startswith("RUNC_GUARD_")}
+
+
+def test_installed_deb_configures_with_debians_tomlkit(installed_root: chroot.DebianRoot, share: str) -> None:
     """/usr/bin/runc-guardctl (Debian's python3-tomlkit) configures and reverts like the venv."""
     import tomlkit as venv_tomlkit
 
-    version = run([DEB_PYTHON, "-c", "import tomlkit; print(tomlkit.__version__)"]).stdout.strip()
-    config = tmp_path / "config.toml"
+    root = installed_root
+    version = root.run([DEB_PYTHON, "-c", "import tomlkit; print(tomlkit.__version__)"]).stdout.strip()
+    config = Path(share) / "config.toml"
     original = run(["containerd", "config", "default"]).stdout.encode()
     original = original.replace(
         b"      [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes]\n",
@@ -665,18 +734,27 @@ def test_installed_deb_configures_with_debians_tomlkit(installed_deb: str, tmp_p
         b"            BinaryName = \"/usr/bin/nvidia-container-runtime\"\n",
     )
     config.write_bytes(original)
-    # The per-handler link goes next to --binary: keep it out of /usr/bin.
-    binary = tmp_path / "bin" / "runc-guard"
+    # The per-handler link goes next to --binary: a copy of the installed launcher, at one path
+    # both tools see (the shared directory), never a name of this host's /usr/bin.
+    binary = Path(share) / "bin" / "runc-guard"
     binary.parent.mkdir()
-    binary.symlink_to(installed_deb)
+    root.run(["cp", "/usr/bin/runc-guard", str(binary)])
     outputs = {}
-    for tool in ("/usr/bin/runc-guardctl", os.path.join(os.path.dirname(sys.executable),
-                                                         "runc-guardctl")):
+    venv_ctl = os.path.join(os.path.dirname(sys.executable), "runc-guardctl")
+    # Settings and cache in the shared directory: neither tool reads /etc/runc-guard or /run/runc-guard.
+    own = {"RUNC_GUARD_CONFIG": os.path.join(share, "absent.toml"),
+           "RUNC_GUARD_CACHE_DIR": os.path.join(share, "cache")}
+    for tool in ("/usr/bin/runc-guardctl", venv_ctl):
         base = [tool, "configure", "containerd", "--config", str(config), "--binary",
-                str(binary), "--settings", str(tmp_path / "settings.toml")]
-        run(base, env={**os.environ, "RUNC_GUARD_CONFIG": ""})
-        outputs[tool] = config.read_bytes()
-        run([*base, "--revert"])
+                str(binary), "--settings", os.path.join(share, "settings.toml")]
+        if tool == venv_ctl:
+            run(base, env={**os.environ, **own})
+            outputs[tool] = config.read_bytes()
+            run([*base, "--revert"], env={**os.environ, **own})
+        else:
+            root.run(base, env=root.env(own))
+            outputs[tool] = config.read_bytes()
+            root.run([*base, "--revert"], env=root.env(own))
         assert config.read_bytes() == original
     assert len(set(outputs.values())) == 1, f"Debian tomlkit {version} vs {venv_tomlkit}"
     assert f'BinaryName = "{binary}-nvidia"'.encode() in outputs["/usr/bin/runc-guardctl"]

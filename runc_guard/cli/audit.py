@@ -71,6 +71,11 @@ def _print_text(report: AuditReport, quiet: bool) -> None:
         click.echo(f"pending: {record['container_id']} for {record['age_seconds']:g}s ({record['record']})")
     for path, why in sorted(report.pending_errors.items()):
         click.echo(f"unusable pending record {path}: {why}")
+    for ahead in report.dated_ahead():
+        step = ahead["dated_ahead_seconds"]
+        click.echo(f"dated ahead: {ahead['kind']} record {ahead['record']} ({ahead.get('container_id', '')}) "
+                   f"by {'an unknown time' if step is None else f'{step:g}s'} (the clock stepped back?): "
+                   "its age is unknown until the next sweep re-stamps it")
     runtime = report.runtime
     if "error" in runtime:
         click.echo(f"runtime: {runtime['error']}")
@@ -108,7 +113,8 @@ def audit_cmd(
     "Leaked" means exactly what `runc-guardctl sweep` would remove.
 
     Exit status follows Node Problem Detector's custom plugins: 0 OK, 1 problem
-    (leaked cgroups, orphaned runtime state, stale or unusable pending records), 2 unknown (the audit
+    (leaked cgroups, orphaned runtime state, stale or unusable pending records, records dated
+    ahead of the clock), 2 unknown (the audit
     could not run, e.g. from a PID namespace that is not the runtime's); the first output line is
     the message.
     """

@@ -20,6 +20,7 @@ from runc_guard.node.host import (
     finish_held,
     host_fs,
     require_host_pid_namespace,
+    restamp_ahead,
     runtime_dirs,
     scan,
     send_spooled,
@@ -105,8 +106,16 @@ def _print_text(report: SweepReport) -> None:
             f"{report.slowed:g}s for {'the node' if report.pacing == 'adaptive' else 'high sys%'}, "
             f"took {report.duration:g}s"
         )
+    for found in report.restamped:
+        what = "re-stamped to now" if found["done"] else f"not re-stamped ({found['why']})"
+        click.echo(f"{found['kind']} record {found['record']} ({found['container_id']}) was dated "
+                   f"{_seconds(found['ahead_s'])} ahead of the clock (a clock step): {what}")
     for error in report.errors:
         click.echo(f"ERROR: {error}", err=True)
+
+
+def _seconds(value: float | None) -> str:
+    return "an unknown time" if value is None else f"{value:g} s"
 
 
 def _progress(enabled: bool) -> Callable[[int, int], None] | None:
@@ -211,6 +220,7 @@ def sweep(
         lock = os.path.join(os.path.dirname(settings.pending_dir), "sweep.lock")
         with sweep_lock(lock):
             report = sweeper.run(discovery)
+            restamp_ahead(settings, report)
             report.aside_cleared = clear_aside(settings)
             finish_held(settings, report)
         _count(settings, report)
@@ -241,7 +251,7 @@ def _warn_fixed_only(ctx: click.Context, pacing: str) -> None:
 MAX_JOURNAL_IDS = 500
 #: The report's scalar facts that the sweep's canonical journal entry carries as they are.
 _JOURNAL_FACTS = ("found", "candidates", "removed", "dirs_removed", "gone", "records_cleared",
-                  "aside_cleared", "memcg_reclaimed_kb", "memcg_left", "pacing")
+                  "aside_cleared", "memcg_reclaimed_kb", "memcg_left", "pacing", "records_restamped")
 
 
 def journal_entry(report: SweepReport) -> dict[str, Any]:
@@ -259,6 +269,11 @@ def journal_entry(report: SweepReport) -> dict[str, Any]:
     entry["removed_ids"] = removed[:MAX_JOURNAL_IDS]
     if len(removed) > MAX_JOURNAL_IDS:
         entry["removed_ids_truncated"] = True
+    if report.restamped:
+        # A clock stepped back: how far (the largest step a record shows) and which records.
+        steps = [r["ahead_s"] for r in report.restamped if r["ahead_s"] is not None]
+        entry["clock_step_s"] = max(steps) if steps else None
+        entry["restamped"] = [f"{r['kind']}:{r['record']}" for r in report.restamped[:MAX_JOURNAL_IDS]]
     if report.errors:
         entry["reason"] = report.errors[0]
     return entry
@@ -270,7 +285,7 @@ def _journal(settings: Settings, report: SweepReport) -> None:
 
     log = operator_logger(settings.journal_socket, settings.log_file, settings.log_level)
     facts = journal_entry(report)
-    (log.warning if report.errors else log.info)("sweep", **facts)
+    (log.warning if report.errors or report.restamped else log.info)("sweep", **facts)
 
 
 def _count(settings: Settings, report: SweepReport) -> None:

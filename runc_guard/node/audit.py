@@ -24,6 +24,7 @@ from runc_guard.node.discovery import Discovery, pod_uid_of
 from runc_guard.node.metrics import Family
 from runc_guard.node.orphans import LEFT_ALONE, ORPHAN, VERDICTS
 from runc_guard.node.orphans import judge as judge_state
+from runc_guard.node.record_clock import ASIDE, HELD, PENDING, aged
 from runc_guard.node.sweep import RuntimeDirs, decide, read_facts
 
 NPD_OK = 0
@@ -86,6 +87,16 @@ class AuditReport:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def dated_ahead(self) -> list[dict[str, Any]]:
+        """Pending, aside and held records dated ahead of the clock (node.record_clock): their age is
+        unknown until the next sweep re-stamps them, and nothing that waits on an age sees them."""
+        return [
+            {"kind": kind, **entry}
+            for kind, entries in ((PENDING, self.pending), (ASIDE, self.aside), (HELD, self.held_memcgs))
+            for entry in entries
+            if "dated_ahead_seconds" in entry
+        ]
+
 
 def runtime_entries(root: str, now: float, min_age: float) -> set[str]:
     """``<ns>/<id>`` for every directory two levels below ``root`` older than ``min_age``."""
@@ -147,11 +158,9 @@ def stepped_aside(cache_dir: str, fs: CgroupFsOps, now: float) -> list[dict[str,
             continue
         if not paths and not os.path.exists(os.path.join(root, cid)):
             continue
-        created = doc.get("created")
-        age = round(now - created, 1) if isinstance(created, int | float) else None
         found.append(
             {"record": path, "container_id": cid, "reason": doc.get("reason", ""), "cgroup_dirs": len(left),
-             "age_seconds": age}
+             "age_seconds": None, **aged(doc.get("created"), now)}
         )
     return found
 
@@ -167,7 +176,7 @@ def held_memcgs(cache_dir: str, now: float) -> list[dict[str, Any]]:
             continue
         found.append({"record": path, "container_id": doc["container_id"], "held": doc["held"],
                       "exists": os.path.lexists(str(doc["held"])), "reason": doc["reason"],
-                      "age_seconds": round(now - float(doc["created"]), 1)})
+                      **aged(doc["created"], now)})
     return found
 
 
@@ -214,7 +223,7 @@ def audit(
     report.states_without_bundle = sorted(states - bundles)
     report.bundles_without_state = sorted(bundles - states)
     for record, (cid, created) in sorted(discovery.records.items()):
-        report.pending.append({"record": record, "container_id": cid, "age_seconds": round(now - created, 1)})
+        report.pending.append({"record": record, "container_id": cid, **aged(created, now)})
     report.pending_errors = dict(discovery.record_errors)
     for state in discovery.states:
         state_verdict = judge_state(state, now, min_age)
@@ -285,6 +294,10 @@ def judge(
     stale = [h for h in report.held_memcgs if h.get("age_seconds", 0) > HELD_STALE or "error" in h]
     if stale:
         problems.append(f"{len(stale)} held memory cgroup(s) no finisher or sweep finished")
+    ahead = report.dated_ahead()
+    if ahead:
+        problems.append(f"{len(ahead)} record(s) dated ahead of the clock (stepped back?), age unknown "
+                        "until the next sweep re-stamps them")
     if problems:
         report.status = "problem"
         report.message = "CgroupLeak: " + "; ".join(problems)
@@ -306,6 +319,7 @@ def _version_of(line: str) -> str:
 def families(report: AuditReport, now: float) -> list[Family]:
     """The audit's figures as Prometheus gauge families (fresh every run, so never stored)."""
     oldest = max((p["age_seconds"] for p in report.pending), default=0.0)
+    ahead = report.dated_ahead()
     out = [
         Family.one(
             "runc_guard_leaked_containers",
@@ -370,6 +384,13 @@ def families(report: AuditReport, now: float) -> list[Family]:
             "runc_guard_memcgs_held",
             "Memory cgroups held aside for a reclaim after the delete's reply, not finished yet.",
             len(report.held_memcgs),
+        ),
+        Family(
+            "runc_guard_records_dated_ahead",
+            "Pending, aside and held-memcg records dated ahead of the clock (a clock stepped back): "
+            "their age is unknown until the sweep re-stamps them.",
+            tuple(((("kind", k),), float(sum(r["kind"] == k for r in ahead)))
+                  for k in (PENDING, ASIDE, HELD)),
         ),
         Family.one(
             "runc_guard_lost_log_entries",

@@ -209,12 +209,25 @@ def clear_aside(settings: Settings) -> int:
     return prune_aside(settings.cache_dir)
 
 
+def restamp_ahead(settings: Settings, report: SweepReport) -> None:
+    """Records dated ahead of the clock (a clock stepped back, or wrong when they were written): dated
+    now, so that they age from here (node.record_clock). Before :func:`finish_held`, which waits on
+    a held record's age."""
+    from runc_guard.delete.pending import RecordRule
+    from runc_guard.node.record_clock import restamp_records
+
+    rule = RecordRule.of(settings, RealCgroupFs(), cgroup_mounts())
+    for found in restamp_records(settings.pending_dir, settings.cache_dir, rule, time.time):
+        report.restamped.append(found.as_dict())
+        report.records_restamped += int(found.done)
+        if found.why.startswith("cannot"):
+            report.errors.append(f"{found.record}: dated {found.ahead_s} s ahead of the clock, {found.why}")
+
+
 def finish_held(settings: Settings, report: SweepReport) -> None:
     """Memory cgroups a delete held aside that no finisher finished (it was killed, or never ran):
     reclaimed as far as they can be now, then removed (node.late_reclaim, ``final``). Only once a
     finisher would have given up on them, so the two never work on one at the same time."""
-    import time
-
     from runc_guard.delete.memcg_hold import iter_held
     from runc_guard.delete.reclaim import PROBE_FILE, kernel_reparents
     from runc_guard.node.finisher import HELD_GIVE_UP

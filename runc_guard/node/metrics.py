@@ -49,6 +49,7 @@ SWEEP_COUNTERS = (
     ("records_cleared", "Pending records of the shim finished by the sweep."),
     ("slowed_seconds", "Extra seconds the sweep waited because system CPU was high."),
     ("states_redriven", "Orphaned runtime states whose runtime delete --force the sweep re-ran."),
+    ("records_restamped", "Records dated ahead of the clock (stepped back) the sweep re-stamped to now."),
 )
 ROTATE_BYTES = 1 << 20
 RETIRE_AFTER = 60.0
@@ -86,6 +87,7 @@ def new_state() -> dict[str, Any]:
             "last_timestamp": 0.0,
             "last_duration": 0.0,
             "states_redriven": 0,
+            "records_restamped": 0,
         },
     }
 
@@ -133,6 +135,7 @@ def record_sweep(state: dict[str, Any], report: Mapping[str, Any], now: float) -
     sweep["records_cleared"] += int(report["records_cleared"])
     sweep["slowed_seconds"] += float(report["slowed"])
     sweep["states_redriven"] = sweep.get("states_redriven", 0) + len(report.get("redriven", ()))
+    sweep["records_restamped"] = sweep.get("records_restamped", 0) + int(report.get("records_restamped", 0))
     # What the sweep reclaimed from leaked memcgs counts with the deletes' own (one pair of counters).
     state["memcg_reclaimed_kb"] += int(report.get("memcg_reclaimed_kb", 0))
     state["memcg_left"] += int(report.get("memcg_left", 0))

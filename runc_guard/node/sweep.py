@@ -325,6 +325,9 @@ class SweepReport:
     aside_cleared: int = 0
     #: Memory cgroups deletes held aside (delete.memcg_hold) that the sweep reclaimed and removed.
     held_cleared: int = 0
+    #: Records dated ahead of the clock, re-stamped to now (node.record_clock), and each one looked at.
+    records_restamped: int = 0
+    restamped: list[dict[str, Any]] = field(default_factory=list)
     #: Page cache reclaimed from leaked memory cgroups before their rmdir, and those left charged.
     memcg_reclaimed_kb: int = 0
     memcg_left: int = 0
