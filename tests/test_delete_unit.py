@@ -949,7 +949,9 @@ def test_a_signal_between_the_verdict_and_finish_changes_nothing(
     assert lab.entry()["outcome"] == "removed"
 
 
-def test_a_signal_while_the_verdict_unwinds_changes_nothing(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_signal_while_the_verdict_unwinds_changes_nothing(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A SIGTERM that lands while the Outcome is still on its way out (here in the claim's exit, a
     ``finally`` on the way to ``run``) is only noted: the runtime's status stands, not exit 70."""
     real = delete_mod.Claim.__exit__
