@@ -681,7 +681,8 @@ def test_non_sandbox_never_touches_its_pod(lab: Lab) -> None:
 def test_pid_zero_is_waited_for_never_killed(lab: Lab) -> None:
     """A 0 in a v2 cgroup.procs (a task outside our PID namespace) keeps the cgroup populated but is
     never signalled: drain waits for it and ends at the deadline, killing only real pids."""
-    from runc_guard.delete.cleanup import CgroupBusy, drain
+    from runc_guard.delete.cleanup import drain
+    from runc_guard.errors import CgroupBusy
 
     lab.fs.add("/sys/fs/cgroup/unified/rgt/c1", [0, 4242])
     lab.fs.dies_on_kill = True

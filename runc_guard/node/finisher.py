@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from runc_guard.atomic import json_records
 from runc_guard.delete.aside import OVERLOAD, SIBLING, iter_aside
 from runc_guard.delete.cgroupfs import CgroupFsOps, RealCgroupFs, cgroup_mounts
-from runc_guard.delete.cleanup import CgroupBusy, CgroupRemovalFailed, CleanupReport, drain, populated_dirs
+from runc_guard.delete.cleanup import drain, populated_dirs
 from runc_guard.delete.memcg_hold import held_dir, iter_held
 from runc_guard.delete.outcomes import MEMCG_LINE
 from runc_guard.delete.paths import check_container_paths, init_started_wall
@@ -84,7 +84,16 @@ from runc_guard.delete.runtime_child import run_runtime_child
 from runc_guard.delete.state import ContainerState, read_state, runtime_state_exists
 from runc_guard.delete.stats import append_stats
 from runc_guard.delete.stepaside import pending as step_asides
-from runc_guard.errors import EXIT_INTERNAL, EXIT_UNSAFE_STATE, RuncGuardError, StateMissing, StateUnreadable
+from runc_guard.errors import (
+    EXIT_INTERNAL,
+    EXIT_UNSAFE_STATE,
+    CgroupBusy,
+    CgroupRemovalFailed,
+    CleanupReport,
+    RuncGuardError,
+    StateMissing,
+    StateUnreadable,
+)
 from runc_guard.invocation import parse, valid_container_id
 from runc_guard.node.late_reclaim import LATE_MAX
 from runc_guard.node.late_reclaim import Step as LateStep
