@@ -621,7 +621,7 @@ def test_a_sandbox_replies_first_and_records_its_dead_siblings(lab: Lab) -> None
     """Deleting a sandbox runs only the sandbox's own delete before the reply (issue 30 case 1): the
     pod's containers whose init is dead get an aside record of kind ``sibling`` each (their own
     deletes follow in the finisher); a sibling with a live init and another pod's container get none.
-    With finish_window 0 as with any: their deletes are the sandbox's own job (node.finisher.run)."""
+    With finish_window 0 as with any: their deletes are the sandbox's own job (node.finisher_process.run)."""
     from runc_guard.delete.aside import SIBLING, iter_aside
 
     pod = {CONTAINER_TYPE_LABEL: "sandbox", SANDBOX_ID_LABEL: "sb"}
