@@ -46,7 +46,8 @@ from bench.common import (
     remove_everywhere,
 )
 from runc_guard.delete.cgroupfs import RealCgroupFs
-from runc_guard.delete.cleanup import CleanupReport, attempt_removal, subtree_leaf_first
+from runc_guard.delete.cleanup import attempt_removal, subtree_leaf_first
+from runc_guard.errors import CleanupReport
 
 FS = RealCgroupFs()
 

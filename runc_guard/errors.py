@@ -23,6 +23,9 @@ EXIT_CGROUP_ERROR = 74
 #: Also: another sweep holds the node's sweep lock (EX_TEMPFAIL: try again later).
 EXIT_CGROUP_BUSY = 75
 EXIT_SWEEP_LOCKED = 75
+#: sweep/audit: this process does not see the runtime's PID namespace (EX_NOPERM: not refused
+#: for a lack of rights, but "not from here"; node.pidns).
+EXIT_FOREIGN_PID_NAMESPACE = 77
 #: The settings file or a RUNC_GUARD_* variable is invalid.
 EXIT_CONFIG = 78
 
@@ -37,6 +40,10 @@ class ConfigError(RuncGuardError):
     """A setting has a bad value, an unknown key, or the file cannot be read."""
 
     exit_code = EXIT_CONFIG
+
+
+class ContainerdConfigError(ConfigError):
+    """A containerd config runc-guard cannot (or must not) change as asked (node.containerd_config)."""
 
 
 class RuntimeNotFound(RuncGuardError):
@@ -95,3 +102,84 @@ class SweepLocked(RuncGuardError):
     """Another sweep is running on this node (timer, DaemonSet or by hand)."""
 
     exit_code = EXIT_SWEEP_LOCKED
+
+
+class ForeignPidNamespace(RuncGuardError):
+    """sweep/audit refused: this process does not see the runtime's PID namespace (node.pidns)."""
+
+    exit_code = EXIT_FOREIGN_PID_NAMESPACE
+
+
+# -- how a cleanup (delete.cleanup.drain) ends early: built complete, with what it did so far --
+
+
+class CleanupReport:
+    """What one cleanup did, filled in as it goes: the errors below carry it, so a failure reports it."""
+
+    __slots__ = (
+        "attempts", "held", "killed", "reclaimed", "remaining", "removed", "unreclaimed", "waited_ms",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self.waited_ms = 0
+        self.removed: list[str] = []
+        self.killed: list[int] = []
+        #: Directories still present at the end -> live pids found in them.
+        self.remaining: dict[str, tuple[int, ...]] = {}
+        #: Bytes reclaimed from the container's empty memory cgroups before their rmdir (delete.reclaim).
+        self.reclaimed = 0
+        #: Memory cgroups left charged (why: the value): removed anyway, the kernel keeps them dying.
+        self.unreclaimed: dict[str, str] = {}
+        #: Memory cgroups held aside for a reclaim after the reply (delete.memcg_hold): path -> held path.
+        self.held: dict[str, str] = {}
+
+
+class CgroupBusy(RuncGuardError):
+    """The deadline passed with processes still inside (or EBUSY on rmdir)."""
+
+    exit_code = EXIT_CGROUP_BUSY
+
+    def __init__(
+        self, path: str, pids: tuple[int, ...], waited_ms: int, report: CleanupReport | None = None
+    ) -> None:
+        shown = ", ".join(str(p) for p in pids[:8]) + (" ..." if len(pids) > 8 else "")
+        detail = f"{len(pids)} process(es) still inside: {shown}" if pids else "rmdir kept failing with EBUSY"
+        super().__init__(
+            f"cgroup {path} still in use after {waited_ms} ms ({detail}); recorded for runc-guardctl sweep"
+        )
+        self.path = path
+        self.pids = pids
+        self.waited_ms = waited_ms
+        #: What the cleanup did before giving up.
+        self.report = report
+
+
+class CgroupRemovalFailed(RuncGuardError):
+    """rmdir failed with an error that retrying cannot fix."""
+
+    exit_code = EXIT_CGROUP_ERROR
+
+    def __init__(
+        self, path: str, errno_name: str, strerror: str, report: CleanupReport | None = None
+    ) -> None:
+        super().__init__(f"cannot remove cgroup {path}: {errno_name} ({strerror})")
+        self.path = path
+        self.errno_name = errno_name
+        #: What the cleanup did before failing.
+        self.report = report
+
+
+class ForeignProcess(RuncGuardError):
+    """A live process that is not dying sits in a private-PID-namespace container's cgroup.
+
+    The kernel SIGKILLs every process of a PID namespace when its init dies, so
+    this one is not the container's: runc-guard steps aside and leaves it, and
+    its cgroup, to the runtime and the operator.
+    """
+
+    def __init__(self, path: str, pid: int, report: CleanupReport | None = None) -> None:
+        super().__init__(f"process {pid} in {path} is alive and not the container's (not dying)")
+        self.path = path
+        self.pid = pid
+        self.report = report

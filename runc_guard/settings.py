@@ -53,7 +53,7 @@ SERVING_SHIM_DELETE_TIMEOUT = 7.0
 MAX_DELETE_TIMEOUT = 600.0
 #: After a deadline cut a delete short, or a delete stepped aside at start-up overload, a
 #: finisher completes it once its cgroups empty: for this long once no new record appeared for
-#: 5 s (node.finisher.QUIET). On by default since the launcher admits deletes itself: in the
+#: 5 s (node.finisher_process.QUIET). On by default since the launcher admits deletes itself: in the
 #: 200-crash storm (containerd 2.2.2 + runc 1.3.4, docs/storm.md) containerd then finished every
 #: task, as with stock runc, and 60 s later nothing was left, where stock leaked 46-54
 #: containers. 0 leaves it all to ``runc-guardctl sweep``.

@@ -8,16 +8,14 @@ import sys
 
 import pytest
 
-from runc_guard.delete.cleanup import (
+from runc_guard.delete.cleanup import Reclaimer, drain, remove_listed, subtree_leaf_first
+from runc_guard.errors import (
+    EXIT_CGROUP_BUSY,
+    EXIT_CGROUP_ERROR,
     CgroupBusy,
     CgroupRemovalFailed,
     CleanupReport,
-    Reclaimer,
-    drain,
-    remove_listed,
-    subtree_leaf_first,
 )
-from runc_guard.errors import EXIT_CGROUP_BUSY, EXIT_CGROUP_ERROR
 from tests.fakes import FakeCgroupFs, FakeClock
 
 ROOTS = ["/cg/memory/k/c1", "/cg/pids/k/c1"]

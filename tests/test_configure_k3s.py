@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import tomlkit
 
+from runc_guard.errors import ContainerdConfigError
 from runc_guard.node import k3s
-from runc_guard.node.containerd_config import ConfigFile, ContainerdConfigError
+from runc_guard.node.containerd_config import ConfigFile
 
 GUARD = "/usr/local/bin/runc-guard"
 DIR = "/var/lib/rancher/k3s/agent/etc/containerd"

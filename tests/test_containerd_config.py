@@ -16,10 +16,9 @@ import pytest
 import tomlkit
 
 from labkit import prereq
-from runc_guard.errors import EXIT_CONFIG
+from runc_guard.errors import EXIT_CONFIG, ContainerdConfigError
 from runc_guard.node.containerd_config import (
     ConfigFile,
-    ContainerdConfigError,
     plan_fronting,
     runtime_mappings,
     with_runtime_mappings,

@@ -622,7 +622,7 @@ def test_a_sandbox_replies_first_and_records_its_dead_siblings(lab: Lab) -> None
     """Deleting a sandbox runs only the sandbox's own delete before the reply (issue 30 case 1): the
     pod's containers whose init is dead get an aside record of kind ``sibling`` each (their own
     deletes follow in the finisher); a sibling with a live init and another pod's container get none.
-    With finish_window 0 as with any: their deletes are the sandbox's own job (node.finisher.run)."""
+    With finish_window 0 as with any: their deletes are the sandbox's own job (node.finisher_process.run)."""
     from runc_guard.delete.aside import SIBLING, iter_aside
 
     pod = {CONTAINER_TYPE_LABEL: "sandbox", SANDBOX_ID_LABEL: "sb"}
@@ -683,7 +683,8 @@ def test_non_sandbox_never_touches_its_pod(lab: Lab) -> None:
 def test_pid_zero_is_waited_for_never_killed(lab: Lab) -> None:
     """A 0 in a v2 cgroup.procs (a task outside our PID namespace) keeps the cgroup populated but is
     never signalled: drain waits for it and ends at the deadline, killing only real pids."""
-    from runc_guard.delete.cleanup import CgroupBusy, drain
+    from runc_guard.delete.cleanup import drain
+    from runc_guard.errors import CgroupBusy
 
     lab.fs.add("/sys/fs/cgroup/unified/rgt/c1", [0, 4242])
     lab.fs.dies_on_kill = True

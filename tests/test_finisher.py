@@ -17,7 +17,8 @@ import runc_guard.delete.report as report_mod
 from labkit.kernel import wait_reported
 from runc_guard.delete.aside import OVERLOAD, iter_aside, write_aside
 from runc_guard.delete.pending import Claim, PendingRecord, record_path, write_record
-from runc_guard.node.finisher import Finisher, run
+from runc_guard.node.finisher import Finisher
+from runc_guard.node.finisher_process import POLL, run
 from runc_guard.procinfo import start_time
 from runc_guard.reporter import drain_spool
 from tests.fakes import FakeCgroupFs, FakeClock
@@ -821,7 +822,7 @@ def test_a_held_record_dated_ahead_never_keeps_the_finisher_past_its_give_up(
     lab.fs.on_wait = bounded
     run(lab.settings, 0.0, _finisher(lab), quiet=0)
     give_up = finisher_mod.HELD_GIVE_UP
-    assert give_up <= lab.clock() - started <= give_up + 2 * finisher_mod.POLL
+    assert give_up <= lab.clock() - started <= give_up + 2 * POLL
     assert [(e["event"], e["container_id"]) for e in lab.events()] == [("finisher_left", "c1")]
     assert os.path.exists(record)  # the sweep's and audit's now
 

@@ -13,8 +13,9 @@ import pytest
 
 from runc_guard.delete import memcg_hold
 from runc_guard.delete.cgroupfs import CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC
-from runc_guard.delete.cleanup import ForeignProcess, drain
+from runc_guard.delete.cleanup import drain
 from runc_guard.delete.reclaim import DIRTY, holdable, reclaim
+from runc_guard.errors import ForeignProcess
 from runc_guard.node import late_reclaim
 from runc_guard.node.metrics import apply_delete_line, new_state
 from tests.fakes import FakeCgroupFs, FakeClock

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from runc_guard.delete import systemd_scope
+from runc_guard.errors import ForeignPidNamespace
 from runc_guard.node import liveness, ownership, pidns
 from runc_guard.node.audit import NPD_OK, audit, judge
 from runc_guard.node.discovery import ContainerUnit, Discovery
@@ -227,7 +228,7 @@ def test_refusal_raises_exit_77_and_logs(tmp_path: Path, journal: socket.socket)
     from runc_guard.node.host import require_host_pid_namespace
 
     proc = ns_proc(tmp_path, 1, None)  # /proc/self is "1", we are not
-    with pytest.raises(pidns.ForeignPidNamespace) as caught:
+    with pytest.raises(ForeignPidNamespace) as caught:
         require_host_pid_namespace("sweep", proc)
     assert caught.value.exit_code == 77
     assert "sweep refused" in str(caught.value) and "hostPID" in str(caught.value)

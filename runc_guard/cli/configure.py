@@ -13,6 +13,7 @@ import subprocess
 
 import click
 
+from runc_guard.errors import ContainerdConfigError
 from runc_guard.node import k3s
 from runc_guard.node.configure import (
     DEFAULT_CONTAINERD_CONFIG,
@@ -28,7 +29,6 @@ from runc_guard.node.configure import (
     revert,
     unified_diff,
 )
-from runc_guard.node.containerd_config import ContainerdConfigError
 from runc_guard.runtime import installed_shim
 from runc_guard.settings import config_path
 

@@ -22,7 +22,7 @@ import time
 
 from runc_guard.delete.cgroupfs import CgroupFsOps
 from runc_guard.delete.reclaim import DIRTY, holdable
-from runc_guard.errors import EXIT_CGROUP_BUSY, EXIT_CGROUP_ERROR, RuncGuardError
+from runc_guard.errors import CgroupBusy, CgroupRemovalFailed, CleanupReport, ForeignProcess
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -39,81 +39,6 @@ FOREIGN_AFTER = 0.2
 #: rmdir errors that waiting can fix. EBUSY: a child not removed yet, or the kernel
 #: not done with the last exit. ENODEV: the cgroup is being torn down.
 _RETRYABLE = (errno.EBUSY, errno.ENODEV, errno.EINTR)
-
-
-class CleanupReport:
-    """What one cleanup did; filled in as it goes so a failure still reports it."""
-
-    __slots__ = (
-        "attempts", "held", "killed", "reclaimed", "remaining", "removed", "unreclaimed", "waited_ms",
-    )  # fmt: skip
-
-    def __init__(self) -> None:
-        self.attempts = 0
-        self.waited_ms = 0
-        self.removed: list[str] = []
-        self.killed: list[int] = []
-        #: Directories still present at the end -> live pids found in them.
-        self.remaining: dict[str, tuple[int, ...]] = {}
-        #: Bytes reclaimed from the container's empty memory cgroups before their rmdir (delete.reclaim).
-        self.reclaimed = 0
-        #: Memory cgroups left charged (why: the value): removed anyway, the kernel keeps them dying.
-        self.unreclaimed: dict[str, str] = {}
-        #: Memory cgroups held aside for a reclaim after the reply (delete.memcg_hold): path -> held path.
-        self.held: dict[str, str] = {}
-
-
-# -- how a cleanup fails: built complete, with what it did so far ----------------------
-
-
-class CgroupBusy(RuncGuardError):
-    """The deadline passed with processes still inside (or EBUSY on rmdir)."""
-
-    exit_code = EXIT_CGROUP_BUSY
-
-    def __init__(
-        self, path: str, pids: tuple[int, ...], waited_ms: int, report: CleanupReport | None = None
-    ) -> None:
-        shown = ", ".join(str(p) for p in pids[:8]) + (" ..." if len(pids) > 8 else "")
-        detail = f"{len(pids)} process(es) still inside: {shown}" if pids else "rmdir kept failing with EBUSY"
-        super().__init__(
-            f"cgroup {path} still in use after {waited_ms} ms ({detail}); recorded for runc-guardctl sweep"
-        )
-        self.path = path
-        self.pids = pids
-        self.waited_ms = waited_ms
-        #: What the cleanup did before giving up.
-        self.report = report
-
-
-class CgroupRemovalFailed(RuncGuardError):
-    """rmdir failed with an error that retrying cannot fix."""
-
-    exit_code = EXIT_CGROUP_ERROR
-
-    def __init__(
-        self, path: str, errno_name: str, strerror: str, report: CleanupReport | None = None
-    ) -> None:
-        super().__init__(f"cannot remove cgroup {path}: {errno_name} ({strerror})")
-        self.path = path
-        self.errno_name = errno_name
-        #: What the cleanup did before failing.
-        self.report = report
-
-
-class ForeignProcess(RuncGuardError):
-    """A live process that is not dying sits in a private-PID-namespace container's cgroup.
-
-    The kernel SIGKILLs every process of a PID namespace when its init dies, so
-    this one is not the container's: runc-guard steps aside and leaves it, and
-    its cgroup, to the runtime and the operator.
-    """
-
-    def __init__(self, path: str, pid: int, report: CleanupReport | None = None) -> None:
-        super().__init__(f"process {pid} in {path} is alive and not the container's (not dying)")
-        self.path = path
-        self.pid = pid
-        self.report = report
 
 
 def subtree_leaf_first(root: str, fs: CgroupFsOps) -> list[str]:

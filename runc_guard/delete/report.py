@@ -140,9 +140,9 @@ def detach_reporter(directory: str, linger: float) -> int:
     return spawn_detached(_REPORTER, [directory, repr(linger)], lock)
 
 
-#: The finisher's program (runc_guard.node.finisher): it reads the settings from the environment.
+#: The finisher's program (runc_guard.node.finisher_process): it reads the settings from the environment.
 _FINISHER = (
-    "import sys; sys.path.insert(0, sys.argv[1]); from runc_guard.node.finisher import finisher_main;"
+    "import sys; sys.path.insert(0, sys.argv[1]); from runc_guard.node.finisher_process import finisher_main;"
     " finisher_main(3)"
 )
 #: The finisher's lock, under the cache directory: one finisher serves every delete of a storm.

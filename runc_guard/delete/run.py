@@ -32,14 +32,7 @@ from runc_guard.deadline import delete_deadline
 from runc_guard.delete import runclog
 from runc_guard.delete.aside import write_aside
 from runc_guard.delete.cgroupfs import FALLBACKS, CgroupFsOps, RealCgroupFs, cgroup_mounts
-from runc_guard.delete.cleanup import (
-    CgroupBusy,
-    CgroupRemovalFailed,
-    CleanupReport,
-    ForeignProcess,
-    drain,
-    populated_dirs,
-)
+from runc_guard.delete.cleanup import drain, populated_dirs
 from runc_guard.delete.outcomes import ALREADY_GONE, RECORD_UNTRUSTED, REMOVED, UNKNOWN, WARNING_OUTCOMES
 from runc_guard.delete.paths import check_container_paths, init_started_wall
 from runc_guard.delete.pending import (
@@ -65,6 +58,10 @@ from runc_guard.delete.unit_name import scope_unit_name, transient_unit_loaded
 from runc_guard.errors import (
     EXIT_CGROUP_BUSY,
     EXIT_INTERNAL,
+    CgroupBusy,
+    CgroupRemovalFailed,
+    CleanupReport,
+    ForeignProcess,
     Interrupted,
     RuntimeDeadline,
     StateMissing,

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from runc_guard.atomic import write_atomic
+from runc_guard.errors import ContainerdConfigError
 from runc_guard.node import k3s
 from runc_guard.node.containerd_config import (
     ConfigFile,
-    ContainerdConfigError,
     Plan,
     imports,
     parse,

@@ -57,7 +57,7 @@ from typing import Any
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
-from runc_guard.errors import ConfigError
+from runc_guard.errors import ContainerdConfigError
 
 #: The CRI plugin's id per config version (3 and later share the 2.x name).
 CRI_PLUGIN = {1: "cri", 2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
@@ -79,10 +79,6 @@ BINARY_SLOT = ("options", "BinaryName")
 #: Handler keys a created handler does not copy: they name another binary or v1 state.
 _NOT_INHERITED = ("runtime_path", "runtime_engine", "runtime_root")
 _HANDLER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-
-
-class ContainerdConfigError(ConfigError):
-    """A containerd config runc-guard cannot (or must not) change as asked."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ until now those cgroups (and runc >= 1.2's kept state) waited for the sweep's
 timer. The delete now starts this finisher, detached (``report.detach_finisher``:
 its own session, /dev/null for stdio, none of containerd's pipes); one serves a
 whole storm, niced, for ``finish_window`` seconds after the last record it saw
-appear. Every record it reads, pending or aside, is held to the one trust rule
+appear (its start-up, lock and loop: node.finisher_process; here, its passes).
+Every record it reads, pending or aside, is held to the one trust rule
 (``pending.RecordRule``: our file, a cgroup's shape and the container's ownership for
 every path, a routed runtime), again under the claim right before it acts; one that
 fails is left with one ``finisher_left`` entry and audit counts it. For each pending
@@ -39,10 +40,10 @@ A CRI sandbox's delete records the pod's dead siblings (aside records of kind
 delete here (``DeleteRun.run_sibling``: the same decision table, its own
 canonical entry and stats line, its failure its own), once no shim names it or
 its sandbox, no other delete holds it, and its state is still the recorded one
-(looked at again right before each runtime run: :class:`LateSibling`). The
+(looked at again right before each runtime run: node.late_sibling). The
 sandbox's delete starts the finisher for these even with ``finish_window = 0``
 (deleting them was its own job before, inline), and they get neither the quiet
-wait nor the hold on other containers' cleanups (:func:`run`).
+wait nor the hold on other containers' cleanups (node.finisher_process.run).
 
 A delete that held a container's memory cgroup aside (cgroup v1, a page cache too
 large to reclaim on the reply's time: delete.memcg_hold) leaves it here too: each
@@ -61,11 +62,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from runc_guard.atomic import json_records
 from runc_guard.delete.aside import OVERLOAD, SIBLING, iter_aside
 from runc_guard.delete.cgroupfs import CgroupFsOps, RealCgroupFs, cgroup_mounts
-from runc_guard.delete.cleanup import CgroupBusy, CgroupRemovalFailed, CleanupReport, drain, populated_dirs
-from runc_guard.delete.memcg_hold import held_dir, iter_held
+from runc_guard.delete.cleanup import drain, populated_dirs
+from runc_guard.delete.memcg_hold import iter_held
 from runc_guard.delete.outcomes import MEMCG_LINE
 from runc_guard.delete.paths import check_container_paths, init_started_wall
 from runc_guard.delete.pending import (
@@ -79,27 +79,29 @@ from runc_guard.delete.pending import (
 )
 from runc_guard.delete.reclaim import SWEEP_BUDGET as RECLAIM_BUDGET
 from runc_guard.delete.report import EventLog, deliver
-from runc_guard.delete.run import DeleteRun, Outcome
+from runc_guard.delete.run import Outcome
 from runc_guard.delete.runtime_child import run_runtime_child
 from runc_guard.delete.state import ContainerState, read_state, runtime_state_exists
 from runc_guard.delete.stats import append_stats
-from runc_guard.delete.stepaside import pending as step_asides
-from runc_guard.errors import EXIT_INTERNAL, EXIT_UNSAFE_STATE, RuncGuardError, StateMissing, StateUnreadable
+from runc_guard.errors import (
+    EXIT_INTERNAL,
+    CgroupBusy,
+    CgroupRemovalFailed,
+    CleanupReport,
+    RuncGuardError,
+    StateMissing,
+    StateUnreadable,
+)
 from runc_guard.invocation import parse, valid_container_id
 from runc_guard.node.late_reclaim import LATE_MAX
 from runc_guard.node.late_reclaim import Step as LateStep
 from runc_guard.node.late_reclaim import step as late_step
-from runc_guard.node.orphans import cleanups_running, live_shim_ids
+from runc_guard.node.late_sibling import LateSibling, SiblingWork, sibling_work
+from runc_guard.node.orphans import live_shim_ids
 from runc_guard.procinfo import DEAD, init_liveness
-from runc_guard.settings import Settings, load
-from runc_guard.spool import keep_only_stdio_and, spool_dir, step_back
+from runc_guard.settings import Settings
+from runc_guard.spool import spool_dir
 
-#: How long one pass waits for a recorded cgroup to change before looking again.
-POLL = 0.5
-#: No record acted on while deletes are still cutting short: a crash storm's deletes all
-#: reply within containerd's 5 s cleanup budget, and the finisher must not take the CPU
-#: they (and the runtimes they run) need. So it acts once no new record appeared for this long.
-QUIET = 5.0
 #: Dead-shim cleanups still running hold the finisher back at most this long after the last new record.
 HOLD_MAX = 30.0
 #: What one pass reclaims from held memcgs at most, all of them together (a storm of large caches
@@ -113,59 +115,10 @@ RUNTIME_BUDGET = 10.0
 REMOVE_BUDGET = 2.0
 #: Re-runs of one record's runtime delete that failed before the finisher leaves it to the sweep.
 MAX_ATTEMPTS = 3
-#: A sandbox's dead siblings are tried this long after the last new record, whatever finish_window
-#: says (run): longer than HOLD_MAX, so a storm's cleanups cannot outlast it.
-SIBLING_WINDOW = 60.0
-
-
-@dataclass(frozen=True)
-class SiblingWork:
-    """A CRI sandbox's dead sibling as its sandbox's delete recorded it: what its own delete needs."""
-
-    container_id: str
-    runtime_root: str
-    runtime: str
-    sandbox_id: str
-    #: The runtime call the sibling's delete interposes (the sandbox's global flags, ``delete --force``).
-    args: list[str]
-    init_pid: int
-    init_start: int
-    #: The state's bundle when the sandbox's delete recorded it ("" from an older record).
-    bundle: str = ""
 
 
 #: A record's work: a pending record, a sibling to delete, or why it is not ready yet.
 Work = PendingRecord | SiblingWork | str
-
-
-class LateSibling(DeleteRun):
-    """A sandbox's sibling deleted after the sandbox's reply: the id can be deleted and created again
-    between the finisher's look at its state and any act of its delete, so under the delete's claim
-    before the first kill (the wait for the cgroups), and again before each runtime run, the id's
-    state must still be the recorded container's (init pid and start time, bundle when known:
-    :meth:`_same_container`). A container created under the id meanwhile is never killed nor the
-    target of a ``delete --force``: ``refused``, the record stays."""
-
-    identity: tuple[int, int] = (0, 0)
-    bundle: str = ""
-
-    def _same_container(self) -> None:
-        if not os.path.lexists(os.path.join(self.invocation.root, self.container_id)):
-            # Deleted meanwhile (containerd 1.6 deletes a pod's containers itself): the runtime
-            # answers "does not exist" and the table removes what that delete left, as a retry would.
-            return
-        try:
-            state = read_state(self.invocation.root, self.container_id, self.mounts)
-            bundle = state.labels.get("bundle", "")
-            same = (state.init_pid, state.init_start) == self.identity and (
-                not self.bundle or not bundle or bundle == self.bundle
-            )
-        except (StateMissing, StateUnreadable):  # a directory without state: one being created
-            same = False
-        if not same:
-            reason = ("the id's state changed while its delete waited (re-created?): nothing was killed"
-                      " and the runtime was not run")  # fmt: skip
-            raise Outcome("refused", EXIT_UNSAFE_STATE, reason)
 
 
 @dataclass
@@ -249,7 +202,7 @@ class Finisher:
             kinds = (SIBLING,) if siblings_only else (OVERLOAD, SIBLING)
             if doc is None or kind not in kinds or self.attempts.get(path, 0) >= MAX_ATTEMPTS:
                 continue
-            judged = self._judge_overload(doc) if kind == OVERLOAD else _sibling_work(doc)
+            judged = self._judge_overload(doc) if kind == OVERLOAD else sibling_work(doc)
             if judged is None:
                 self.attempts[path] = MAX_ATTEMPTS  # nothing for the finisher: the sweep and audit judge it
                 continue
@@ -560,135 +513,3 @@ def _sandbox_gone(root: str, container_id: str, sandbox: str) -> bool:
     if not sandbox or sandbox == container_id or not valid_container_id(sandbox):
         return False
     return not os.path.lexists(os.path.join(root, sandbox))
-
-
-def _sibling_work(doc: Mapping[str, object]) -> SiblingWork | None:
-    """A sibling aside record as work, or None when it is not one a sandbox's delete wrote (input)."""
-    cid, root, runtime = doc.get("container_id"), doc.get("runtime_root"), doc.get("runtime")
-    sandbox, args = doc.get("sandbox_id"), doc.get("args")
-    pid, start, bundle = doc.get("init_pid"), doc.get("init_start"), doc.get("bundle", "")
-    if not (isinstance(cid, str) and isinstance(root, str) and isinstance(runtime, str)
-            and isinstance(sandbox, str) and isinstance(args, list) and isinstance(pid, int)
-            and isinstance(start, int) and isinstance(bundle, str)
-            and all(isinstance(a, str) for a in args)):  # fmt: skip
-        return None
-    if not (valid_container_id(cid) and valid_container_id(sandbox) and os.path.isabs(root)
-            and os.path.isabs(runtime) and pid > 0 and start > 0):  # fmt: skip
-        return None
-    argv = [str(a) for a in args]
-    invocation = parse(argv)
-    if not (invocation.is_delete and invocation.force and invocation.container_id == cid
-            and os.path.abspath(invocation.root) == os.path.normpath(root)):  # fmt: skip
-        return None
-    return SiblingWork(cid, root, runtime, sandbox, argv, pid, start, bundle)
-
-
-def _work(settings: Settings, kinds: tuple[str, ...] = (OVERLOAD, SIBLING), pending: bool = True) -> set[str]:
-    """The files a finisher is for: pending records, overload and sibling aside records (and the
-    launcher's step-asides, until the reporter has made them aside records: runc_guard.delete.stepaside)."""
-    names = set(json_records(settings.pending_dir)) if pending else set()
-    if pending:
-        names.update(step_asides(spool_dir(settings.cache_dir)))
-    for path, doc in iter_aside(settings.cache_dir):
-        if doc is not None and doc.get("kind") in kinds:
-            names.add(path)
-    return names
-
-
-def run(
-    settings: Settings, window: float, finisher: Finisher | None = None, seen: set[str] | None = None,
-    quiet: float = QUIET,
-) -> Finisher:
-    """Pass over the records until none is left, or ``quiet`` + ``window`` s pass without a new one.
-
-    Nothing is done until no new record has appeared, and no dead-shim cleanup of
-    containerd's has run, for ``quiet`` s (those cleanups are SIGKILLed at 5 s and
-    a killed one leaves its task unfinished for good: they get the CPU first); a
-    steady stream of cleanups holds it back at most HOLD_MAX s after the last new
-    record. ``seen`` collects the record files looked at (the caller's, across runs).
-
-    A sandbox's dead siblings are deleted at once, without the ``quiet`` wait or the
-    hold on other containers' cleanups (they ran inline, on containerd's time,
-    before; now niced and after the reply), each as soon as no shim names it or its
-    sandbox (the sandbox's own cleanup ends right after its reply), and with
-    ``window`` 0 too, for SIBLING_WINDOW s: deleting them is the sandbox's delete's
-    own job moved after its reply, not the opt-in finishing of what a deadline cut
-    short (which ``window`` 0 turns off).
-    """
-    finisher = finisher or Finisher(settings)
-    seen = set() if seen is None else seen
-    last_new = last_busy = finisher.now()
-    while True:
-        names = _work(settings)
-        siblings = _work(settings, (SIBLING,), pending=False)
-        # held memcgs: a paced step each loop, storm or not (niced, no I/O of its own), until all are gone
-        held = finisher.reclaim_held()
-        now = finisher.now()
-        if names - seen:
-            last_new = now
-        seen |= names
-        if not names or now - last_new >= max(quiet + window, SIBLING_WINDOW if siblings else 0.0):
-            if not held:
-                return finisher
-            finisher.fs.wait_for_change([], POLL, POLL)
-            continue
-        if siblings:
-            finisher.pass_once(siblings_only=True)
-        if now - last_new < HOLD_MAX and cleanups_running(finisher.proc):
-            last_busy = now
-        calm = min(now - last_new, now - last_busy)
-        if window <= 0 or now - last_new >= quiet + window or calm < quiet:
-            wait = min(POLL, quiet - calm) if calm < quiet else POLL
-            finisher.fs.wait_for_change([], wait, wait)
-            continue
-        pending, populated = finisher.pass_once()
-        if pending == 0 and not held:
-            return finisher
-        finisher.fs.wait_for_change(populated, POLL, POLL * 4)
-
-
-def finisher_main(held: int) -> None:
-    """The detached finisher (``report.detach_finisher`` starts it); ``held`` is its lock, taken for it.
-
-    Closes every other inherited fd but stdio (/dev/null), lowers its priority
-    (it must never compete with containerd's own work), and judges liveness only
-    from the runtime's PID namespace (node.pidns: otherwise every init looks
-    dead); then runs. Before it exits it lets go of the lock and looks once
-    more: a delete that found the lock held started no finisher of its own, so
-    a record it has not seen yet means another round. Only one it has not seen:
-    what it gave up on (or cannot read) stays for the sweep, and another round
-    for it would be a pass without a sleep, again and again (issue 42). One
-    Finisher serves every round, so each record gets at most one entry.
-    """
-    keep_only_stdio_and(held)
-    landing = step_back()
-    from runc_guard.delete.report import FINISHER_LOCK
-    from runc_guard.node.pidns import pid_namespace_view
-    from runc_guard.spool import HELPER_STAYED, STAYED_REASON, note_once, try_lock
-
-    settings = load()
-    if landing is None and note_once(settings.cache_dir, HELPER_STAYED):
-        log = EventLog(settings.log_level, {})
-        log.warning("helper_cgroup_unknown", helper="finisher", reason=STAYED_REASON)
-        deliver(log, settings, spool_dir(settings.cache_dir))
-    if not pid_namespace_view().trusted:
-        os.close(held)
-        return  # what it leaves, the sweep (which refuses there too, loudly) and audit report
-    from runc_guard.delete.reclaim import PROBE_FILE
-    from runc_guard.node.memcg_probe import ensure_probed
-
-    # once per boot (cached in the cache directory): does this kernel free a removed memcg itself?
-    reparents, _ = ensure_probed(settings.cache_dir, cgroup_mounts())
-    fs = RealCgroupFs(os.path.join(settings.cache_dir, PROBE_FILE))
-    finisher = Finisher(settings, fs=fs, kernel_reparents=reparents)
-    seen: set[str] = set()
-    lock: int | None = held
-    while lock is not None:
-        try:
-            run(settings, settings.finish_window, finisher, seen)
-        finally:
-            os.close(lock)
-        unseen_held = set(json_records(held_dir(settings.cache_dir))) - finisher.held_since.keys()
-        if not _work(settings) - seen and not unseen_held:
-            return
-        lock = try_lock(settings.cache_dir, FINISHER_LOCK)

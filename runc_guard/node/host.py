@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from runc_guard.delete.cgroupfs import RealCgroupFs, cgroup_mounts
-from runc_guard.errors import NoCgroupHierarchy
+from runc_guard.errors import ForeignPidNamespace, NoCgroupHierarchy
 from runc_guard.node.audit import (
     AuditReport,
     audit,
@@ -93,7 +93,7 @@ def require_host_pid_namespace(command: str, proc: str = "/proc") -> None:
     journal too: a sweeper that never runs must not stay silent.
     """
     from runc_guard.journal import send_minimal
-    from runc_guard.node.pidns import ForeignPidNamespace, pid_namespace_view, refusal
+    from runc_guard.node.pidns import pid_namespace_view, refusal
 
     view = pid_namespace_view(proc)
     if view.trusted:

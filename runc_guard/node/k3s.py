@@ -35,11 +35,11 @@ from dataclasses import dataclass
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
+from runc_guard.errors import ContainerdConfigError
 from runc_guard.node import containerd_config as cc
 from runc_guard.node.containerd_config import (
     BINARY_SLOT,
     ConfigFile,
-    ContainerdConfigError,
     Fronting,
     Handler,
     LeftAlone,

@@ -34,12 +34,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from runc_guard.errors import RuncGuardError
-
 #: include/linux/proc_ns.h: the initial PID namespace's inode number in nsfs.
 PROC_PID_INIT_INO = 0xEFFFFFFC
-#: sysexits(3) EX_NOPERM: not refused for a lack of rights, but "not from here".
-EXIT_FOREIGN_PID_NAMESPACE = 77
 
 HOST = "host"
 FOREIGN = "foreign"
@@ -56,12 +52,6 @@ class PidNamespaceView:
     @property
     def trusted(self) -> bool:
         return self.verdict == HOST
-
-
-class ForeignPidNamespace(RuncGuardError):
-    """sweep/audit refused: this process does not see the runtime's PID namespace."""
-
-    exit_code = EXIT_FOREIGN_PID_NAMESPACE
 
 
 def _ns_inode(path: str) -> int:

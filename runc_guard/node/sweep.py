@@ -28,8 +28,6 @@ from typing import Any
 from runc_guard.delete import systemd_scope
 from runc_guard.delete.cgroupfs import CgroupFsOps
 from runc_guard.delete.cleanup import (
-    CgroupRemovalFailed,
-    CleanupReport,
     Reclaimer,
     attempt_removal,
     remove_listed,
@@ -38,7 +36,7 @@ from runc_guard.delete.cleanup import (
 from runc_guard.delete.pending import remove_record
 from runc_guard.delete.reclaim import SWEEP_BUDGET as RECLAIM_BUDGET
 from runc_guard.delete.systemd_scope import release_failed_scopes
-from runc_guard.errors import SweepLocked
+from runc_guard.errors import CgroupRemovalFailed, CleanupReport, SweepLocked
 from runc_guard.node.discovery import ContainerUnit, Discovery
 from runc_guard.node.orphans import ORPHAN, Orphans, StateFacts, judge
 from runc_guard.node.pacing import NodeSignals, Pacer, PacingSettings, RmdirTimer, percentile, real_signals
