@@ -827,6 +827,37 @@ def test_a_held_record_dated_ahead_never_keeps_the_finisher_past_its_give_up(
     assert os.path.exists(record)  # the sweep's and audit's now
 
 
+def test_a_held_record_dated_ahead_ages_from_the_finishers_first_look(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """late_reclaim's LATE_MAX counts from the older of the record's date and this finisher's first
+    look: a record dated a year ahead is as old as the finisher has seen it, never "not late yet"."""
+    import time
+
+    import runc_guard.node.finisher as finisher_mod
+    from runc_guard.node.late_reclaim import Step
+
+    _, record = _held(lab, "c1")
+    with open(record) as f:
+        doc = json.load(f)
+    doc["created"] = time.time() + 365 * 86400
+    with open(record, "w") as f:
+        json.dump(doc, f)
+    seen: list[float] = []
+
+    def step(_path: str, held: dict[str, Any], **_: Any) -> Step:
+        seen.append(float(held["created"]))
+        return Step(False, why="reclaiming")
+
+    monkeypatch.setattr(finisher_mod, "late_step", step)
+    finisher = _finisher(lab)
+    finisher.reclaim_held()
+    lab.clock.now += 130
+    finisher.reclaim_held()
+    assert seen[0] <= time.time() + 1, "dated ahead: its age starts at this finisher's first look"
+    assert time.time() - seen[1] >= 129, "aged by what the finisher saw, not by its date"
+
+
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU of ``pid`` so far (its /proc stat), 0 once it is gone."""
     try:

@@ -261,7 +261,7 @@ class DeleteRun:
 
         Looked at under the claim before the first kill, and before every run of
         the runtime. Nothing to look at for a delete containerd runs: containerd
-        holds the id until it returns. A delete run later (node.finisher.LateSibling)
+        holds the id until it returns. A delete run later (node.late_sibling.LateSibling)
         overrides it.
         """
 
@@ -751,7 +751,7 @@ def run_delete(
         except Exception:  # noqa: BLE001 - reporting itself failed: the status still stands
             status = EXIT_INTERNAL
     deliver(run.log, settings, spool_dir(settings.cache_dir))
-    # Settled: detached. A sandbox's siblings are its own delete's job, finisher or not (node.finisher.run);
+    # Settled: detached. A sandbox's siblings are its own delete's job, finisher or not (node.finisher_process.run);
     # a held memcg is held only when a finisher will run (finish_window > 0).
     if run.siblings_left or ((run.cut_short or run.memcg_held) and settings.finish_window > 0):
         detach_finisher(settings.cache_dir)

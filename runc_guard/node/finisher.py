@@ -400,10 +400,14 @@ class Finisher:
         without an entry (it names nothing to report; audit lists it). Neither counts as left.
         """
         left = spent = 0
-        for path, doc in iter_held(self.settings.cache_dir):
+        for path, found in iter_held(self.settings.cache_dir):
             first = self.held_since.setdefault(path, self.now())
-            if doc is None or self.attempts.get(path, 0) >= MAX_ATTEMPTS:
+            if found is None or self.attempts.get(path, 0) >= MAX_ATTEMPTS:
                 continue
+            # Its age is the older of its date's and this finisher's own look: a record dated ahead
+            # (a clock stepped back) still comes to late_reclaim's LATE_MAX and its give-up in time.
+            created = min(float(found["created"]), time.time() - (self.now() - first))
+            doc = {**found, "created": created}
             if spent >= HELD_PASS_BYTES:
                 left += 1  # this pass has reclaimed its share: the next one goes on
                 continue
@@ -419,7 +423,7 @@ class Finisher:
             if result.done:
                 self.held_since.pop(path)  # its record is gone: a later hold of that name is a new one
                 self._report_held(doc, self.reclaimed_held.pop(path), result)
-            elif max(time.time() - float(doc["created"]), self.now() - first) > HELD_GIVE_UP:
+            elif time.time() - created > HELD_GIVE_UP:
                 self.attempts[path] = MAX_ATTEMPTS
                 self._log_left(str(doc["container_id"]), str(doc["runtime_root"]),
                                f"held memory cgroup {doc['held']}: {result.why}")
