@@ -751,8 +751,8 @@ def run_delete(
         except Exception:  # noqa: BLE001 - reporting itself failed: the status still stands
             status = EXIT_INTERNAL
     deliver(run.log, settings, spool_dir(settings.cache_dir))
-    # Settled: detached. A sandbox's siblings are its own delete's job, finisher or not (node.finisher_process.run);
-    # a held memcg is held only when a finisher will run (finish_window > 0).
+    # Settled: detached. A sandbox's siblings are its own delete's job, finisher or not
+    # (node.finisher_process.run); a held memcg is held only when a finisher will run (finish_window > 0).
     if run.siblings_left or ((run.cut_short or run.memcg_held) and settings.finish_window > 0):
         detach_finisher(settings.cache_dir)
     return status
