@@ -212,3 +212,21 @@ def test_a_paused_container_stays_paused_when_its_delete_is_stopped(shim_binary:
             with open(freezer) as f:
                 assert f.read().strip() == "FROZEN", front
             assert inside.poll() is None and os.path.exists(ctr.state_path()), front
+
+
+def test_a_cgroup_removed_between_the_walk_and_its_statfs_is_not_tampering(
+    shim_binary: str, workdir: str, dead_init_container: callable  # type: ignore[valid-type]
+) -> None:
+    """A directory that vanishes between the path walk and its statfs (a concurrent delete of the same
+    id removed it; seen in a two-delete race as exit 65) is answered for by its parent: statfs of the
+    container's first cgroup fails ENOENT once. Stock runc never statfs it: exit 0, nothing left;
+    runc-guard the same, where it used to refuse the path as tampered (exit 65, runtime not run)."""
+    stock_ctr, _ = dead_init_container()
+    stock = _delete([RUNC], stock_ctr, dict(os.environ))
+    guard_ctr, _ = dead_init_container()
+    first = sorted(guard_ctr.cgroup_dirs())[0]
+    vanished = _inject("statfs", "ENOENT", path=first, when="1")
+    guard = _delete([shim_binary], guard_ctr, guard_env(workdir, RUNC_GUARD_RUNTIME=RUNC), vanished)
+    assert stock.row() == (0, 0, 0, False), stock
+    assert guard.row() == (0, 0, 0, False), guard
+    assert _entry(workdir, guard_ctr.id)["outcome"] == "removed"

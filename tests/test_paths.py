@@ -157,3 +157,28 @@ def test_real_cgroup_mounts_pass() -> None:
     mounts = cgroup_mounts()
     mount = sorted(mounts)[0]
     assert check_path(f"{mount}/rgtest-absent/c1", RealCgroupFs(), mounts) == "/rgtest-absent/c1"
+
+
+def test_a_cgroup_gone_before_its_statfs_is_answered_for_by_its_parent(fake_fs: FakeCgroupFs) -> None:
+    """The walk saw the directory, then a concurrent delete removed it before its statfs (ENOENT):
+    not tampering; the parent, checked by the walk, answers. Any other statfs error still refuses."""
+    import errno
+
+    path = "/sys/fs/cgroup/memory/k/c1"
+    fake_fs.add(path)
+    real = fake_fs.fs_magic
+
+    def removed_meanwhile(probe: str) -> int:
+        if probe == path:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", probe)
+        return real(probe)
+
+    fake_fs.fs_magic = removed_meanwhile  # type: ignore[method-assign]
+    assert check_path(path, fake_fs, MOUNTS) == "/k/c1"
+
+    def denied(probe: str) -> int:
+        raise PermissionError(errno.EACCES, "Permission denied", probe)
+
+    fake_fs.fs_magic = denied  # type: ignore[method-assign]
+    with pytest.raises(UnsafeCgroupPath, match="statfs failed"):
+        check_path(path, fake_fs, MOUNTS)

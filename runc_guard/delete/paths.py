@@ -86,12 +86,18 @@ def check_path(path: str, fs: CgroupFsOps, mounts: Mapping[str, str]) -> str:
     # statfs of the path itself, or of its deepest existing ancestor if runc already
     # removed it; that ancestor must still be on the cgroup filesystem below the mount.
     probe = path if deepest_existing == path else deepest_existing
-    if not probe.startswith(mount_point.rstrip("/") + "/") and probe != mount_point:
-        raise UnsafeCgroupPath(path, f"{probe} is not inside cgroup mount {mount_point}")
-    try:
-        magic = fs.fs_magic(probe)
-    except OSError as exc:
-        raise UnsafeCgroupPath(path, f"statfs failed: {exc.strerror}") from None
+    while True:
+        if not probe.startswith(mount_point.rstrip("/") + "/") and probe != mount_point:
+            raise UnsafeCgroupPath(path, f"{probe} is not inside cgroup mount {mount_point}")
+        try:
+            magic = fs.fs_magic(probe)
+            break
+        except FileNotFoundError:
+            # Removed since the walk saw it (a concurrent delete of the same id, the runtime):
+            # its parent, already checked above, answers for it. Not tampering.
+            probe = os.path.dirname(probe)
+        except OSError as exc:
+            raise UnsafeCgroupPath(path, f"statfs failed: {exc.strerror}") from None
     if magic not in CGROUP_MAGICS:
         raise UnsafeCgroupPath(path, f"not on a cgroup filesystem (statfs magic {magic:#x})")
     return relative
