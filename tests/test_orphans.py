@@ -447,6 +447,7 @@ def test_crun_systemd_leaf_joins_its_unit_with_its_scope(
         assert unit.unsafe is None and not discovery.state_errors
         scopes = [f"{h.mount}{os.path.dirname(leaf)}" for h in HIERARCHIES]
         assert unit.dirs == sorted([f"{h.mount}{leaf}" for h in HIERARCHIES] + scopes)
+        assert unit.pod == POD  # the scope's parent, not the scope
     else:
         assert unit.unsafe is not None and "not named after" in unit.unsafe
 

@@ -198,7 +198,8 @@ def add_orphans(
                 break
         unit = discovery.units.get(cid)
         if unit is None:
-            unit = discovery.units[cid] = ContainerUnit(cid, pod=_pod_of(inside, mounts))
+            # crun's leaf sits in its scope: the pod is the scope's parent, as for runc's scope
+            unit = discovery.units[cid] = ContainerUnit(cid, pod=_pod_of(sorted(scopes) or inside, mounts))
         if unit.runtime_root is None:
             unit.runtime_root = facts.state.root
         if unsafe is not None:
