@@ -27,6 +27,7 @@ from labkit.kernel import (
     remove_tree,
     reported_events,
     script,
+    unique,
     wait_for,
 )
 from labkit.scenario import guard_env, run_leak_scenario
@@ -277,3 +278,79 @@ def test_sigterm_during_wait_keeps_record(shim_binary: str, workdir: str) -> Non
         assert "interrupted by SIGTERM" in err
         assert len(os.listdir(pending)) == 1
         assert straggler.poll() is None  # kill_stragglers=false respected
+
+
+class CrunSystemdLayout:
+    """crun 1.28's systemd-driver layout crafted on the real hierarchies: ``cri-containerd-<id>.scope`` with
+    the ``container`` leaf in every mount (crun places its one relative path under each), and crun's
+    ``status`` + ``config.json`` (no PID namespace: host PID, its stragglers ours to kill) naming it. No
+    systemd unit exists (the host's PID 1 is not systemd): the delete's scope handling has nothing to ask."""
+
+    def __init__(self, workdir: str, scope_of: str | None = None) -> None:
+        self.id = unique("rgtest-crun")
+        self.root = os.path.join(workdir, "root")
+        self.parents = [os.path.join(m, f"{self.id}-parent") for m in cgroup_mount_points()]
+        named = scope_of or self.id
+        self.relative = f"/{self.id}-parent/cri-containerd-{named}.scope/container"
+        self.leaves = [m + self.relative for m in cgroup_mount_points()]
+        self.scopes = [os.path.dirname(leaf) for leaf in self.leaves]
+        self.started: list[subprocess.Popen[bytes]] = []
+        for leaf in self.leaves:
+            os.makedirs(leaf)
+        os.makedirs(os.path.join(self.root, self.id))
+        status = {"pid": 1, "process-start-time": 1, "cgroup-path": self.relative, "systemd-cgroup": True,
+                  "scope": f"cri-containerd-{self.id}.scope", "bundle": ""}  # fmt: skip
+        with open(os.path.join(self.root, self.id, "status"), "w") as f:
+            json.dump(status, f)
+        with open(os.path.join(self.root, self.id, "config.json"), "w") as f:
+            json.dump({"linux": {"namespaces": [{"type": "mount"}]}}, f)
+
+    def add_process(self) -> subprocess.Popen[bytes]:
+        """``sleep`` moved into the leaf in the memory and unified hierarchies (where they exist)."""
+        proc = subprocess.Popen(["sleep", "600"])
+        self.started.append(proc)
+        for leaf in [d for d in self.leaves if "/memory/" in d or "/unified/" in d] or self.leaves:
+            with open(os.path.join(leaf, "cgroup.procs"), "w") as f:
+                f.write(str(proc.pid))
+        return proc
+
+    def cleanup(self) -> None:
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for parent in self.parents:
+            wait_for(lambda p=parent: not any(procs(d) for d, _, _ in os.walk(p)), 5)  # type: ignore[misc]
+            remove_tree(parent)
+
+
+@pytest.mark.parametrize("scope_of", ["own", "other"])
+def test_crun_systemd_leaf_and_scope_on_the_real_kernel(
+    shim_binary: str, workdir: str, scope_of: str
+) -> None:
+    """crun's ``<prefix>-<id>.scope/container`` on real cgroupfs (statfs, lstat, rmdir): the straggler in the
+    leaf is killed and every leaf goes before its scope, the unit named after the status's ``scope``. A status
+    naming another id's scope + ``container`` steps aside: the runtime alone, nothing killed or removed."""
+    layout = CrunSystemdLayout(workdir, None if scope_of == "own" else unique("rgtest-other"))
+    try:
+        straggler = layout.add_process()
+        runtime = script(os.path.join(workdir, "fake-crun"), f"rm -rf {layout.root}/{layout.id}")
+        env = guard_env(workdir, RUNC_GUARD_RUNTIME=runtime)
+        proc = subprocess.run([shim_binary, "--root", layout.root, "delete", "--force", layout.id],
+                              capture_output=True, text=True, env=env, check=False, timeout=30)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        (entry,) = [e for e in reported_events(workdir) if e["event"] == "delete"]
+        if scope_of == "other":
+            assert entry["outcome"] == "stepped_aside" and "not named after" in entry["reason"], entry
+            assert straggler.poll() is None and all(os.path.isdir(d) for d in layout.leaves)
+            return
+        assert wait_for(lambda: straggler.poll() is not None, 5)
+        assert straggler.returncode == -signal.SIGKILL
+        assert not any(os.path.exists(d) for d in layout.leaves + layout.scopes)
+        assert entry["outcome"] == "removed" and entry["systemd_unit"] == f"cri-containerd-{layout.id}.scope"
+        leaf_first = [p for pair in zip(layout.leaves, layout.scopes, strict=True) for p in pair]
+        assert entry["cgroup_paths"] == leaf_first
+        pending = os.path.join(workdir, "pending")
+        assert not os.path.isdir(pending) or not os.listdir(pending)
+    finally:
+        layout.cleanup()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 import pytest
@@ -941,3 +942,101 @@ def _lines(path: Any) -> list[str]:
             return [line for line in f if line.strip()]
     except FileNotFoundError:
         return []
+
+
+# -- crun's systemd driver: the pod's processes in ``<prefix>-<id>.scope/container`` ---------------
+
+
+def _crun_systemd(lab: Lab, cid: str, labels: dict[str, str], pids: tuple[int, ...] = ()) -> list[str]:
+    """crun 1.28's state with its systemd driver: ``cgroup-path`` ``<scope>/container``, ``scope`` its unit,
+    a private PID namespace and the CRI annotations in config.json; the scope and leaf made now in the
+    fake's v2 hierarchy. crun's one path lands under every mount (the v1 one never exists): returns each
+    mount's leaf and scope, leaf first, as the delete lists them."""
+    scope = f"/rgt/cri-containerd-{cid}.scope"
+    os.makedirs(os.path.join(lab.root, cid))
+    status = {"pid": DEAD_PID, "process-start-time": DEAD_START, "cgroup-path": f"{scope}/container",
+              "scope": f"cri-containerd-{cid}.scope", "systemd-cgroup": True,
+              "created": "2026-11-30T10:00:00.123456789Z"}  # fmt: skip
+    with open(os.path.join(lab.root, cid, "status"), "w") as f:
+        json.dump(status, f)
+    config = {"linux": {"namespaces": [{"type": "pid"}, {"type": "mount"}]}, "annotations": labels}
+    with open(os.path.join(lab.root, cid, "config.json"), "w") as f:
+        json.dump(config, f)
+    lab.fs.add(f"/sys/fs/cgroup/unified{scope}", mtime=time.time())
+    lab.fs.add(f"/sys/fs/cgroup/unified{scope}/container", pids, mtime=time.time())
+    return [p for m in sorted(mounts()) for p in (f"{m}{scope}/container", f"{m}{scope}")]
+
+
+@pytest.fixture
+def no_transient_units(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """systemd has freed every scope (no transient unit file): nothing to ask systemctl."""
+    from runc_guard.delete import unit_name
+
+    transient = os.path.join(str(tmp_path), "transient")
+    os.makedirs(transient)
+    monkeypatch.setattr(unit_name, "TRANSIENT_DIR", transient)
+
+
+@pytest.mark.usefixtures("no_transient_units")
+def test_crun_systemd_pod_path_b_leaves_nothing(lab: Lab) -> None:
+    """Path B behind crun's systemd driver (issue 41 item 4): the sandbox's delete takes its own
+    ``<scope>/container`` and scope, records the dead sibling, and the sibling's delete waits for its
+    dying writer, then removes its leaf before its scope, names the unit and drops crun's status."""
+    sandbox = _crun_systemd(lab, "sb", SB)
+    app = _crun_systemd(lab, "app", _of("sb"), pids=(4242,))
+    lab.fs.dying.add(4242)  # SIGKILLed with its PID namespace, held in D a while
+    lab.fs.on_wait = lambda fs: fs.exit(4242) if len(fs.waits) >= 3 else None
+    _delete_sandbox(lab)
+    sb = lab.entry()
+    assert (sb["outcome"], sb["cgroup_paths"]) == ("removed", sandbox)
+    assert sb["systemd_unit"] == "cri-containerd-sb.scope"
+    assert sb["siblings"] == [{"id": "app", "left_for": "finisher"}]
+    assert run(lab.settings, 60.0, _finisher(lab), quiet=0).finished == ["app"]
+    entry = lab.entry()
+    assert (entry["container_id"], entry["outcome"], entry["exit_status"]) == ("app", "removed", 0)
+    assert (entry["cgroup_paths"], entry["systemd_unit"]) == (app, "cri-containerd-app.scope")
+    assert [d for d in lab.fs.rmdirs if d in app] == app[2:]  # the v2 leaf, then its scope
+    assert not any(lab.fs.exists(d) for d in sandbox + app) and lab.fs.killed == []
+    assert not os.path.exists(os.path.join(lab.root, "app", "status"))
+    assert lab.records() == [] and list(iter_aside(lab.settings.cache_dir)) == []
+
+
+@pytest.mark.usefixtures("no_transient_units")
+def test_crun_systemd_sibling_cut_short_is_finished_late(lab: Lab) -> None:
+    """The sibling's writer outlasts its delete's deadline: exit 75 with a pending record naming the leaf and
+    its scope, which the trust rule accepts; once the writer is gone the finisher completes it."""
+    _crun_systemd(lab, "sb", SB)
+    app = _crun_systemd(lab, "app", _of("sb"), pids=(4242,))
+    lab.fs.dying.add(4242)
+    _delete_sandbox(lab)
+    settings = lab.settings.replace(delete_timeout=0.5)
+    finisher = Finisher(settings, fs=lab.fs, clock=lab.clock, mounts=mounts)
+    assert run(settings, 1.0, finisher, quiet=0).finished == ["app"]
+    entry = lab.entry()
+    assert (entry["container_id"], entry["outcome"], entry["exit_status"]) == ("app", "deadline", 75)
+    (record,) = lab.records()
+    with open(os.path.join(settings.pending_dir, record)) as f:
+        assert json.load(f)["cgroup_paths"] == app
+    lab.fs.exit(4242)
+    assert run(settings, 60.0, _finisher(lab), quiet=0).finished == ["app"]
+    assert lab.entry()["outcome"] == "finished_late" and lab.records() == []
+    assert not any(lab.fs.exists(d) for d in app)
+    assert not os.path.exists(os.path.join(lab.root, "app", "status"))
+
+
+@pytest.mark.usefixtures("no_transient_units")
+def test_crun_systemd_scope_of_another_container_is_stepped_aside_from(lab: Lab) -> None:
+    """A tampered status naming another container's scope + ``container``: the sandbox's delete steps aside
+    (crun alone, nothing removed by runc-guard, no sibling recorded), as before the rule."""
+    _crun_systemd(lab, "sb", SB)
+    other = _crun_systemd(lab, "other", _of("sb2"))
+    status = os.path.join(lab.root, "sb", "status")
+    with open(status) as f:
+        doc = json.load(f)
+    doc["cgroup-path"] = "/rgt/cri-containerd-other.scope/container"
+    with open(status, "w") as f:
+        json.dump(doc, f)
+    assert lab.run("sb", lab.runtime(0)) == 0
+    entry = lab.entry()
+    assert entry["outcome"] == "stepped_aside" and "not named after container sb" in entry["reason"]
+    assert all(lab.fs.exists(d) for d in other[2:]) and lab.fs.rmdirs == [] and "siblings" not in entry

@@ -111,9 +111,13 @@ def test_hold_records_first_then_renames_beside_the_original(tmp_path: Path) -> 
     assert record == memcg_hold.record_file(str(cache), held)
 
 
-@pytest.mark.parametrize("name", ["ctr.scope", "kubepods-pod1.slice", ".runc-guard-held.x", "x" * 240])
+@pytest.mark.parametrize(
+    "name",
+    ["ctr.scope", "kubepods-pod1.slice", ".runc-guard-held.x", "x" * 240, "cri-containerd-c.scope/container"],
+)
 def test_hold_leaves_what_it_must_not_or_cannot_rename(tmp_path: Path, name: str) -> None:
-    """systemd's units (it re-creates and removes them itself), a held one, a name that would not fit."""
+    """systemd's units (it re-creates and removes them itself), a held one, a name that would not fit, and
+    crun's systemd leaf inside its scope (the held name would sit in the unit's cgroup)."""
     cg = _v1(tmp_path / "memory" / name)
     assert memcg_hold.hold(str(cg), str(tmp_path / "cache"), "c", "/r", TOO_LARGE) is None
     assert cg.is_dir() and list(memcg_hold.iter_held(str(tmp_path / "cache"))) == []

@@ -424,6 +424,34 @@ def test_unsafe_state_paths_are_refused(tmp_path: Path, proc: str, fs: AgedFs) -
     assert judge(report, 0, 1800) == NPD_PROBLEM and "unsafe cgroups" in report.message
 
 
+@pytest.mark.parametrize(("crun", "scope_of"), [(True, 1), (True, 2), (False, 1)])
+def test_crun_systemd_leaf_joins_its_unit_with_its_scope(
+    tmp_path: Path, proc: str, fs: AgedFs, crun: bool, scope_of: int
+) -> None:
+    """crun's systemd driver names ``<prefix>-<id>.scope/container``: an orphan's leaf and its scope are
+    the unit's dirs (the sweep re-drives crun's delete). A scope of another id, or runc's state naming
+    that shape, stays refused (unsafe_path)."""
+    leaf = f"/{POD}/cri-containerd-{cid(scope_of)}.scope/container"
+    for h in HIERARCHIES:
+        fs.add(f"{h.mount}/{POD}")
+    directory = write_state(tmp_path / "flat", cid(1), DEAD_PID, crun=crun,
+                            paths={"memory": f"/cg/memory{leaf}"})  # fmt: skip
+    if crun:
+        status = directory / "status"
+        doc = {**json.loads(status.read_text()), "cgroup-path": leaf, "bundle": f"/srv/bundles/{cid(1)}"}
+        status.write_text(json.dumps(doc))
+        os.utime(status, (NOW - 3600, NOW - 3600))
+    discovery = discovery_with(tmp_path, fs, orphans_for(tmp_path, proc))
+    unit = discovery.units[cid(1)]
+    if crun and scope_of == 1:
+        assert unit.unsafe is None and not discovery.state_errors
+        scopes = [f"{h.mount}{os.path.dirname(leaf)}" for h in HIERARCHIES]
+        assert unit.dirs == sorted([f"{h.mount}{leaf}" for h in HIERARCHIES] + scopes)
+        assert unit.pod == POD  # the scope's parent, not the scope
+    else:
+        assert unit.unsafe is not None and "not named after" in unit.unsafe
+
+
 def test_audit_reports_orphaned_state_as_a_problem(tmp_path: Path, proc: str, fs: AgedFs) -> None:
     """Orphaned state is listed, counted as a leaked container, and makes NPD's verdict a problem."""
     write_state(tmp_path / "runc" / "k8s.io", cid(1), DEAD_PID)

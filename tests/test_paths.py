@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from runc_guard.delete.cgroupfs import RealCgroupFs
-from runc_guard.delete.paths import CREATED_MARGIN, check_container_paths, check_path, names_container
-from runc_guard.delete.state import ContainerState
+from runc_guard.delete.paths import (
+    CREATED_MARGIN,
+    check_container_paths,
+    check_path,
+    crun_leaf_scope,
+    names_container,
+    ownership_problem,
+)
+from runc_guard.delete.state import KIND_CRUN, KIND_RUNC, ContainerState
 from runc_guard.errors import EXIT_UNSAFE_STATE, UnsafeCgroupPath
 from tests.fakes import FakeCgroupFs
 
@@ -142,8 +151,6 @@ def test_real_tmpfs_is_not_a_cgroup(tmp_path: object) -> None:
     """On the real kernel: a tmp dir passed off as a cgroup mount fails the statfs check."""
     fake_mount = str(tmp_path)
     target = f"{fake_mount}/k/c1"
-    import os
-
     os.makedirs(target)
     with pytest.raises(UnsafeCgroupPath, match="not on a cgroup filesystem"):
         check_path(target, RealCgroupFs(), {fake_mount: "cgroup"})
@@ -182,3 +189,136 @@ def test_a_cgroup_gone_before_its_statfs_is_answered_for_by_its_parent(fake_fs: 
     fake_fs.fs_magic = denied  # type: ignore[method-assign]
     with pytest.raises(UnsafeCgroupPath, match="statfs failed"):
         check_path(path, fake_fs, MOUNTS)
+
+
+# -- crun's systemd driver: ``<prefix>-<id>.scope/container`` -------------------------------
+
+CID = "c1"
+V2 = "/sys/fs/cgroup/unified"
+POD = f"{V2}/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0f3c7b9a_11.slice"
+SCOPE = f"{POD}/cri-containerd-{CID}.scope"
+LEAF = f"{SCOPE}/container"
+UNIT = f"cri-containerd-{CID}"
+
+
+def crun_state(leaf: str = LEAF, unit: str = UNIT, systemd: bool = True) -> ContainerState:
+    """crun's status as parse_crun_status reads it: one relative cgroup-path, its ``scope`` unit."""
+    return ContainerState(CID, {V2: leaf}, 1, 1, leaf[len(V2):], systemd_name=unit, systemd=systemd,
+                          kind=KIND_CRUN)  # fmt: skip
+
+
+def crun_dirs(fake_fs: FakeCgroupFs, *extra: str, mtime: float | None = None) -> None:
+    for path in (POD, SCOPE, LEAF, *extra):
+        fake_fs.add(path, mtime=mtime)
+
+
+def test_crun_systemd_leaf_and_its_scope_are_the_containers(fake_fs: FakeCgroupFs) -> None:
+    """crun's systemd leaf ``<prefix>-<id>.scope/container``: the leaf and then its scope (leaf first)."""
+    crun_dirs(fake_fs)
+    own = check_container_paths(crun_state(), fake_fs, MOUNTS, fake_fs.clock.now)
+    assert (own.paths, own.step_aside) == ([LEAF, SCOPE], None)
+
+
+def test_crun_systemd_leaf_already_removed_still_names_its_scope(fake_fs: FakeCgroupFs) -> None:
+    """The leaf gone (crun's earlier delete, systemd), the scope left: both still listed, nothing refused."""
+    fake_fs.add(POD)
+    fake_fs.add(SCOPE)
+    own = check_container_paths(crun_state(), fake_fs, MOUNTS)
+    assert (own.paths, own.step_aside) == ([LEAF, SCOPE], None)
+
+
+@pytest.mark.parametrize(
+    ("leaf", "unit", "systemd", "kind", "needle"),
+    [
+        # a tampered status naming someone else's unit + container
+        (f"{V2}/system.slice/sshd.service/container", UNIT, True, KIND_CRUN, "not named"),
+        (f"{V2}/system.slice/container", UNIT, True, KIND_CRUN, "not named"),
+        # a scope named after another container, or after none
+        (f"{POD}/cri-containerd-c2.scope/container", UNIT, True, KIND_CRUN, "not named"),
+        (f"{POD}/cri-containerd-{CID}x.scope/container", UNIT, True, KIND_CRUN, "not named"),
+        (f"{POD}/{CID}.scope/container", CID, True, KIND_CRUN, "not named"),
+        (f"{POD}/-{CID}.scope/container", f"-{CID}", True, KIND_CRUN, "not named"),
+        # another subgroup (run.oci.systemd.subgroup), or one level deeper
+        (f"{SCOPE}/payload", UNIT, True, KIND_CRUN, "not named"),
+        (f"{LEAF}/container", UNIT, True, KIND_CRUN, "not named"),
+        # the status's unit is not the scope the cgroup-path is in
+        (LEAF, "cri-containerd-c2", True, KIND_CRUN, "names unit 'cri-containerd-c2.scope'"),
+        (LEAF, "", True, KIND_CRUN, "names unit 'none'"),
+        # not crun's systemd driver: crun's cgroupfs driver, or runc's state naming that shape
+        (LEAF, UNIT, False, KIND_CRUN, "not named"),
+        (LEAF, UNIT, True, KIND_RUNC, "not named"),
+    ],
+)
+def test_crun_shapes_that_are_not_the_containers_step_aside(
+    fake_fs: FakeCgroupFs, leaf: str, unit: str, systemd: bool, kind: str, needle: str
+) -> None:
+    """Only exactly ``<prefix>-<own id>.scope/container`` of crun's systemd driver, with its status
+    naming that scope, is the container's: every other shape stays refused (step aside)."""
+    crun_dirs(fake_fs, os.path.dirname(leaf), leaf)
+    state = crun_state(leaf, unit, systemd).replace(kind=kind)
+    own = check_container_paths(state, fake_fs, MOUNTS)
+    assert own.step_aside is not None and needle in own.step_aside, own
+    assert own.paths[0] == leaf
+
+
+def test_crun_scope_with_another_child_steps_aside(fake_fs: FakeCgroupFs) -> None:
+    """Something beside crun's leaf in the scope: the scope is not the container's alone."""
+    crun_dirs(fake_fs, f"{SCOPE}/other")
+    own = check_container_paths(crun_state(), fake_fs, MOUNTS)
+    assert own.step_aside is not None and f"holds {SCOPE}/other" in own.step_aside
+
+
+def test_crun_leaf_with_children_steps_aside(fake_fs: FakeCgroupFs) -> None:
+    """A ``container`` leaf with cgroups of its own (systemd inside the container, nested runtimes): not the
+    layout crun's driver makes, so crun removes it alone."""
+    crun_dirs(fake_fs, f"{LEAF}/init.scope")
+    own = check_container_paths(crun_state(), fake_fs, MOUNTS)
+    assert own.step_aside is not None and "has child cgroups" in own.step_aside
+
+
+@pytest.mark.parametrize("older", [SCOPE, LEAF])
+def test_crun_scope_or_leaf_older_than_the_container_steps_aside(fake_fs: FakeCgroupFs, older: str) -> None:
+    """The created-after-init rule holds for both directories."""
+    started = fake_fs.clock.now
+    crun_dirs(fake_fs, mtime=started)
+    fake_fs.mtimes[older] = started - CREATED_MARGIN - 5
+    own = check_container_paths(crun_state(), fake_fs, MOUNTS, started)
+    assert own.step_aside == f"{older} existed before the container was started (shared with something else)"
+
+
+def test_crun_scope_at_a_mount_point_is_no_scope(fake_fs: FakeCgroupFs) -> None:
+    """A hierarchy mounted at a directory named like a scope: its ``container`` child has no scope of ours."""
+    mount = f"/sys/fs/cgroup/cri-containerd-{CID}.scope"
+    fake_fs.add(mount)
+    fake_fs.add(f"{mount}/container")
+    state = ContainerState(CID, {mount: f"{mount}/container"}, 1, 1, "/container",
+                           systemd_name=f"cri-containerd-{CID}", systemd=True, kind=KIND_CRUN)  # fmt: skip
+    own = check_container_paths(state, fake_fs, {**MOUNTS, mount: "cgroup2"})
+    assert own.paths == [f"{mount}/container"] and own.step_aside is not None
+
+
+@pytest.mark.parametrize(
+    ("path", "scope"),
+    [
+        (LEAF, SCOPE),
+        (f"{POD}/crun-{CID}.scope/container", f"{POD}/crun-{CID}.scope"),
+        (f"{SCOPE}/container2", None),
+        (f"{POD}/cri-containerd-{CID}.slice/container", None),
+        (f"{POD}/cri containerd-{CID}.scope/container", None),  # no unit name
+        (SCOPE, None),
+    ],
+)
+def test_crun_leaf_scope(path: str, scope: str | None) -> None:
+    """The shape, alone: ``<prefix>-<id>.scope/container`` with a name systemd takes for a unit."""
+    assert crun_leaf_scope(path, CID) == scope
+
+
+def test_a_record_trusts_crun_s_leaf_only_beside_its_scope(fake_fs: FakeCgroupFs) -> None:
+    """A pending record's ``<scope>/container`` is the container's only with its scope in the record too."""
+    crun_dirs(fake_fs)
+    assert ownership_problem(LEAF, CID, fake_fs, None, (), [LEAF, SCOPE]) is None
+    assert ownership_problem(SCOPE, CID, fake_fs, None, (), [LEAF, SCOPE]) is None
+    assert "not named after" in (ownership_problem(LEAF, CID, fake_fs, None, (), [LEAF]) or "")
+    other = f"{POD}/cri-containerd-c2.scope"
+    problem = ownership_problem(f"{other}/container", CID, fake_fs, None, (), [other])
+    assert problem is not None and "not named after" in problem

@@ -187,3 +187,22 @@ def test_runc_state_facts(tmp_path: object) -> None:
     assert abs(state.created - 1796065723.647933) < 1e-3 and not state.systemd
     doc["config"]["namespaces"] = [{"type": "NEWNS", "path": ""}]  # type: ignore[index]
     assert parse_state(json.dumps(doc).encode(), "c1").pid_namespace == "host"
+
+
+def test_crun_systemd_status_names_its_scope_unit() -> None:
+    """crun's systemd driver: ``scope`` becomes the unit name (as scope_unit_name builds runc's), the state is
+    crun's; without the driver the field is not read."""
+    from runc_guard.delete.state import KIND_CRUN
+    from runc_guard.delete.unit_name import scope_unit_name
+
+    leaf = "/kubepods.slice/kubepods-pod1.slice/cri-containerd-c1.scope/container"
+    doc = {**CRUN, "cgroup-path": leaf, "scope": "cri-containerd-c1.scope", "systemd-cgroup": True}
+    state = parse_crun_status(json.dumps(doc).encode(), "c1", MOUNTS)
+    assert (state.kind, state.systemd, state.cgroups_path) == (KIND_CRUN, True, leaf)
+    assert scope_unit_name(state.systemd_name, state.scope_prefix) == "cri-containerd-c1.scope"
+    assert state.cgroup_paths == {m: m + leaf for m in MOUNTS}
+    state = parse_crun_status(json.dumps({**doc, "systemd-cgroup": False}).encode(), "c1", MOUNTS)
+    assert (state.systemd, state.systemd_name) == (False, "")
+    for scope in (None, 7, "", "cri-containerd-c1.service"):
+        state = parse_crun_status(json.dumps({**doc, "scope": scope}).encode(), "c1", MOUNTS)
+        assert state.systemd_name == "", scope

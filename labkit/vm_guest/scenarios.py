@@ -403,6 +403,17 @@ def kubelet_rm(cid: str, attempts: int = 30) -> int:
     return 0
 
 
+def crun_status(cid: str) -> dict[str, object] | None:
+    """What crun's ``status`` says of the container's cgroup (``cgroup-path``, ``scope``, the driver);
+    None behind runc (its state is ``state.json``) or once it is gone."""
+    try:
+        with open(os.path.join(RUNC_ROOT, cid, "status")) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return {k: doc.get(k) for k in ("cgroup-path", "scope", "systemd-cgroup")}
+
+
 def teardown(handler: str, path: str, pid: str) -> dict[str, object]:
     """Path A (``StopContainer``) or B (init and shim SIGKILLed) while a process sleeps in throttled I/O.
 
@@ -422,6 +433,7 @@ def teardown(handler: str, path: str, pid: str) -> dict[str, object]:
         result["layout"] = LAYOUT
         result["io_max"] = limit
         init, shim = init_and_shim(cid)
+        result["crun_status"] = {"work": crun_status(cid), "sandbox": crun_status(pod.id)}
         killed = time.monotonic()
         if path == "a":
             stopped = attempt(cri().stop_container, cid, 0)

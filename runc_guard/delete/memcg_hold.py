@@ -16,7 +16,7 @@ with the runtime's delete and nothing to do.
 
 Only an empty memory cgroup of the container's own (the caller proved both) is
 held, never a systemd unit's (``.scope``/``.slice``: systemd owns and may
-re-create those), and only when a finisher will run. Empty includes what is
+re-create those) nor one inside a scope, and only when a finisher will run. Empty includes what is
 below it: the kernel renames a v1 directory with its child cgroups inside
 (cgroup1_rename has no child check), which would hide them, and a process in
 them, from the runtime's RemovePath (ENOENT: done) and from every look after
@@ -53,11 +53,18 @@ def held_dir(cache_dir: str) -> str:
 
 
 def held_name(path: str) -> str | None:
-    """The held directory's path for ``path`` (its sibling); None when no such name fits."""
+    """The held directory's path for ``path`` (its sibling); None when no such name fits.
+
+    Nor inside a scope (crun's systemd ``<scope>/container`` leaf): the held name would sit
+    in the unit's cgroup, which systemd removes with the unit and the delete removes next.
+    """
     base = os.path.basename(os.path.normpath(path))
     if not base or base.startswith(PREFIX) or base.endswith(UNIT_SUFFIXES) or len(PREFIX + base) > NAME_MAX:
         return None
-    return os.path.join(os.path.dirname(os.path.normpath(path)), PREFIX + base)
+    parent = os.path.dirname(os.path.normpath(path))
+    if os.path.basename(parent).endswith(".scope"):
+        return None
+    return os.path.join(parent, PREFIX + base)
 
 
 def record_file(cache_dir: str, held: str) -> str:

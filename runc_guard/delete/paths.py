@@ -13,6 +13,11 @@ must not aim it at anything but the container's own cgroups. Two levels:
   path that fails this is legitimate for the runtime (runc puts a container
   without cgroupsPath under its caller's cgroup, a cgroupsPath may name a
   shared cgroup): runc-guard steps aside and lets the runtime act alone.
+
+One leaf is not named after the container and is still its own: crun's systemd
+driver runs the container's processes in a ``container`` child of the scope it
+made (``<prefix>-<id>.scope/container``; :func:`crun_leaf_scope`). Then both
+directories, leaf first, are the container's, under every rule above.
 """
 
 from __future__ import annotations
@@ -20,14 +25,15 @@ from __future__ import annotations
 import os
 
 from runc_guard.delete.cgroupfs import CGROUP_MAGICS, CgroupFsOps
-from runc_guard.delete.state import ContainerState
+from runc_guard.delete.state import KIND_CRUN, ContainerState
+from runc_guard.delete.unit_name import valid_unit_name
 from runc_guard.errors import UnsafeCgroupPath
 from runc_guard.procinfo import start_wall_time
 from runc_guard.values import Value
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Collection, Mapping, Sequence
 
 #: Final components that belong to kubelet's pod and QoS levels, never to a container
 #: (also ``kubepods-*.slice`` and ``pod<uid>[.slice]``, see :func:`_is_kubelet_level`).
@@ -183,19 +189,74 @@ def names_container(name: str, container_id: str, patterns: Sequence[str] = ()) 
     return any(fnmatch.fnmatchcase(name, p.replace("{id}", container_id)) for p in patterns)
 
 
+#: The child of its scope that crun's systemd driver runs a container's processes in: the
+#: default of the ``run.oci.systemd.subgroup`` annotation (crun 1.28 ``cgroup-systemd.c``
+#: ``find_systemd_subgroup``, appended by ``systemd_finalize``), so that on cgroup v2 the
+#: scope holds no process and can delegate controllers. Any other subgroup is not trusted.
+CRUN_SUBGROUP = "container"
+
+
+def crun_leaf_scope(path: str, container_id: str) -> str | None:
+    """The scope directory of crun's systemd leaf ``<parent>/<prefix>-<id>.scope/container``.
+
+    None for any other shape: another leaf name, a scope named after another id
+    or after none (``<id>.scope``, ``-<id>.scope``), a name systemd would not take
+    for a unit. The prefix is what ``names_container`` accepts for runc's scopes.
+    """
+    scope, leaf = os.path.split(path)
+    if leaf != CRUN_SUBGROUP:
+        return None
+    name = os.path.basename(scope)
+    suffix = f"-{container_id}.scope"
+    if len(name) <= len(suffix) or not name.endswith(suffix) or not valid_unit_name(name):
+        return None
+    return scope
+
+
 def ownership_problem(
-    path: str, container_id: str, fs: CgroupFsOps, not_before: float | None, patterns: Sequence[str] = ()
+    path: str,
+    container_id: str,
+    fs: CgroupFsOps,
+    not_before: float | None,
+    patterns: Sequence[str] = (),
+    scopes: Collection[str] = (),
 ) -> str | None:
-    """Why ``path`` (already proven on cgroupfs) is not the container's own cgroup, or None."""
+    """Why ``path`` (already proven on cgroupfs) is not the container's own cgroup, or None.
+
+    ``scopes``: the container's own scope directories beside ``path`` (crun's systemd
+    driver): crun's ``container`` leaf inside one of them is named by its scope.
+    """
     name = os.path.basename(path)
     if _is_kubelet_level(name) or name.endswith(".slice"):
         return f"{path} is a pod, QoS or slice level cgroup, not a container's"
-    if not names_container(name, container_id, patterns):
+    named = names_container(name, container_id, patterns)
+    if not named and (scope := crun_leaf_scope(path, container_id)) is not None:
+        named = scope in scopes
+    if not named:
         return f"{path} is not named after container {container_id}"
     if not_before is not None:
         mtime = fs.modified_at(path)
         if mtime is not None and mtime < not_before - CREATED_MARGIN:
             return f"{path} existed before the container was started (shared with something else)"
+    return None
+
+
+def crun_scope_problem(leaf: str, scope: str, state: ContainerState, fs: CgroupFsOps) -> str | None:
+    """Why crun's leaf and its scope are not the container's alone, beyond the naming rules, or None.
+
+    crun's status must name that scope as its unit (what crun's own delete stops), the
+    scope may hold nothing but the leaf, and the leaf no cgroup of its own: a subtree
+    crun's driver does not make here is left to crun (its delete removes subtrees itself).
+    """
+    unit = f"{state.systemd_name}.scope" if state.systemd_name else ""
+    if unit != os.path.basename(scope):
+        return f"crun's status names unit {unit or 'none'!r}, not the scope {scope} its cgroup-path is in"
+    others = [c for c in fs.children(scope) if c != leaf]
+    if others:
+        return f"{scope} holds {others[0]} beside crun's {CRUN_SUBGROUP} leaf (not the container's alone)"
+    below = fs.children(leaf)
+    if below:
+        return f"{leaf} has child cgroups ({below[0]}): crun's systemd leaf has none of its own"
     return None
 
 
@@ -213,18 +274,35 @@ def check_container_paths(
     rule (named after something else, a pod/QoS/slice level, older than the
     container's init, not the configured cgroupsPath) only makes runc-guard step
     aside. ``not_before`` is the wall-clock start of the container's init.
+
+    A crun state with the systemd driver whose path is ``<prefix>-<id>.scope/container``
+    yields the leaf and then its scope (leaf first: the order of removal), each
+    held to every rule, plus :func:`crun_scope_problem`.
     """
     relatives: dict[str, str] = {}
     for path in state.cgroup_paths.values():
         relatives[path] = check_path(path, fs, mounts)
-    paths = sorted(relatives)
+    crun_systemd = state.kind == KIND_CRUN and state.systemd
+    scopes: dict[str, str] = {}  # crun's leaf -> its scope
+    paths: list[str] = []
+    for path in sorted(relatives):
+        scope = crun_leaf_scope(path, state.container_id) if crun_systemd else None
+        if scope is not None and relatives[path].count("/") < 2:
+            scope = None  # the "scope" would be the mount point itself: not a container's
+        if scope is not None:
+            scopes[path] = scope
+        paths.extend((path,) if scope is None else (path, scope))
     if state.cgroups_path.startswith("/") and not state.systemd:
         expected = os.path.normpath(state.cgroups_path)
         for path, relative in sorted(relatives.items()):
             if relative != expected:
                 return Ownership(paths, f"{path} is not the configured cgroupsPath {expected}")
+    for leaf, scope in scopes.items():
+        problem = crun_scope_problem(leaf, scope, state, fs)
+        if problem is not None:
+            return Ownership(paths, problem)
     for path in paths:
-        problem = ownership_problem(path, state.container_id, fs, not_before, patterns)
+        problem = ownership_problem(path, state.container_id, fs, not_before, patterns, scopes.values())
         if problem is not None:
             return Ownership(paths, problem)
     return Ownership(paths)

@@ -174,7 +174,8 @@ class RecordRule:
     absolute path; every path has the shape of a cgroup (``paths.check_path``:
     absolute, normalised, no symlink, on a cgroup filesystem below a mount) and
     the ownership of the container's own (``paths.ownership_problem``: the leaf
-    names the container, no pod/QoS/slice level); the runtime is one the
+    names the container, or is crun's systemd ``container`` leaf of a scope that
+    does and is in the record too; no pod/QoS/slice level); the runtime is one the
     settings route to (:func:`routed_runtimes`). The file itself must be ours
     (``atomic.read_trusted``, as for aside, held, spool and routes files).
     """
@@ -212,12 +213,14 @@ class RecordRule:
         problem = self.runtime_problem(record.runtime)
         if problem is not None:
             return problem
+        # crun's systemd leaf (``<scope>/container``) is the container's only beside its scope
+        scopes = record.cgroup_paths
         for path in record.cgroup_paths:
             try:
                 check_path(path, self.fs, self.mounts)
             except UnsafeCgroupPath as exc:
                 return str(exc)
-            problem = ownership_problem(path, record.container_id, self.fs, None, self.patterns)
+            problem = ownership_problem(path, record.container_id, self.fs, None, self.patterns, scopes)
             if problem is not None:
                 return problem
         return None

@@ -3,7 +3,8 @@
 runc keeps ``<root>/<id>/state.json`` with an absolute cgroup path per hierarchy.
 crun keeps ``<root>/<id>/status`` with one ``cgroup-path`` relative to every
 cgroup mount (it places a container at the same place in each hierarchy it
-uses), its init ``pid`` and ``process-start-time``. Both files are untrusted
+uses), its init ``pid`` and ``process-start-time``, and with its systemd driver
+the ``scope`` unit it made (crun 1.28 ``status.c``). Both files are untrusted
 input: parsed with a size cap and every field type-checked here; whether the
 cgroup paths are safe to act on is decided separately (``paths``).
 """
@@ -30,6 +31,9 @@ MAX_STATE_BYTES = 8 << 20
 #: when init dies. ``unknown``: the state does not say (crun's status file).
 PID_HOST, PID_JOINED, PID_PRIVATE, PID_UNKNOWN = "host", "joined", "private", "unknown"
 
+#: Which runtime's file a state was read from (``ContainerState.kind``).
+KIND_RUNC, KIND_CRUN = "runc", "crun"
+
 #: containerd's CRI annotations, which runc keeps as ``key=value`` labels in its config.
 SANDBOX_ID_LABEL = "io.kubernetes.cri.sandbox-id"
 CONTAINER_TYPE_LABEL = "io.kubernetes.cri.container-type"
@@ -45,6 +49,7 @@ class ContainerState(Value):
         "created",
         "init_pid",
         "init_start",
+        "kind",
         "labels",
         "pid_namespace",
         "scope_prefix",
@@ -68,6 +73,8 @@ class ContainerState(Value):
     systemd: bool
     #: ``config.cgroups.scope_prefix`` (systemd driver), e.g. ``cri-containerd``.
     scope_prefix: str
+    #: KIND_RUNC (``state.json``) or KIND_CRUN (``status``): whose layout the cgroup paths follow.
+    kind: str
 
     def __init__(
         self,
@@ -82,6 +89,7 @@ class ContainerState(Value):
         labels: Mapping[str, str] | None = None,
         systemd: bool = False,
         scope_prefix: str = "",
+        kind: str = KIND_RUNC,
     ) -> None:
         labels = {} if labels is None else labels
         self._init(locals())
@@ -243,7 +251,14 @@ def crun_status_file(root: str, container_id: str) -> str:
 def parse_crun_status(
     raw: bytes, container_id: str, mounts: Mapping[str, str], path: str = "status"
 ) -> ContainerState:
-    """crun's status: the relative ``cgroup-path`` joined to every cgroup mount point."""
+    """crun's status: the relative ``cgroup-path`` joined to every cgroup mount point.
+
+    With the systemd driver (``systemd-cgroup``) its ``scope`` is the unit crun made,
+    e.g. ``cri-containerd-<id>.scope``: kept as ``systemd_name`` without its suffix
+    (and no ``scope_prefix``), so that ``unit_name.scope_unit_name`` names it as it
+    names runc's. Whether that unit and the cgroup-path are the container's own is
+    decided separately (``paths``).
+    """
     doc = _json_object(raw, path)
     relative = doc.get("cgroup-path")
     pid = doc.get("pid")
@@ -254,6 +269,8 @@ def parse_crun_status(
         raise StateUnreadable(f"{path}: pid must be a pid, got {pid!r}")
     if isinstance(start, bool) or not isinstance(start, int) or start < 0:
         raise StateUnreadable(f"{path}: process-start-time must be clock ticks, got {start!r}")
+    systemd = doc.get("systemd-cgroup") is True
+    scope = _str(doc.get("scope")) if systemd else ""
     return ContainerState(
         container_id=container_id,
         cgroup_paths={mount: mount.rstrip("/") + relative for mount in sorted(mounts)},
@@ -263,7 +280,9 @@ def parse_crun_status(
         created=_timestamp(doc.get("created")),
         # crun writes the bundle into its status (runc into its labels): who still holds the container
         labels={"bundle": bundle} if isinstance(bundle := doc.get("bundle"), str) and bundle else None,
-        systemd=doc.get("systemd-cgroup") is True,
+        systemd=systemd,
+        systemd_name=scope[: -len(".scope")] if scope.endswith(".scope") else "",
+        kind=KIND_CRUN,
     )
 
 

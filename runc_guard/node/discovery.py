@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from runc_guard.delete.cgroupfs import CgroupFsOps
-from runc_guard.delete.paths import check_path, container_id_of
+from runc_guard.delete.paths import check_path, container_id_of, crun_leaf_scope
 from runc_guard.delete.pending import RecordRule, UntrustedRecord, iter_records
 from runc_guard.errors import NoCgroupHierarchy, UnsafeCgroupPath
 from runc_guard.node.orphans import ORPHAN, StateFacts, judge
@@ -180,25 +180,33 @@ def add_orphans(
         cid = facts.state.container_id
         inside = [p for p in facts.cgroup_paths if any(p.startswith(m.rstrip("/") + "/") for m in mounts)]
         unsafe: str | None = None
+        scopes: set[str] = set()
         for path in inside:
+            # crun's systemd driver: ``<prefix>-<id>.scope/container``, the scope named after the id
+            scope = crun_leaf_scope(path, cid) if facts.kind == "crun" else None
             try:
                 check_path(path, fs, mounts)
+                if scope is not None:
+                    check_path(scope, fs, mounts)
             except UnsafeCgroupPath as exc:
                 unsafe = str(exc)
                 break
-            if not _record_path_ok(cid, path):
+            if scope is not None:
+                scopes.add(scope)
+            elif not _record_path_ok(cid, path):
                 unsafe = f"refusing cgroup path {path!r}: not named after container {cid}"
                 break
         unit = discovery.units.get(cid)
         if unit is None:
-            unit = discovery.units[cid] = ContainerUnit(cid, pod=_pod_of(inside, mounts))
+            # crun's leaf sits in its scope: the pod is the scope's parent, as for runc's scope
+            unit = discovery.units[cid] = ContainerUnit(cid, pod=_pod_of(sorted(scopes) or inside, mounts))
         if unit.runtime_root is None:
             unit.runtime_root = facts.state.root
         if unsafe is not None:
             discovery.state_errors[facts.state.path] = unsafe
             unit.unsafe = unsafe
             continue
-        unit.dirs = sorted(set(unit.dirs) | set(inside))
+        unit.dirs = sorted(set(unit.dirs) | set(inside) | scopes)
 
 
 def add_pending(discovery: Discovery, pending_dir: str, rule: RecordRule) -> None:
