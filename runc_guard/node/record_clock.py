@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from runc_guard import cjson
-from runc_guard.atomic import json_records, read_trusted
+from runc_guard.atomic import json_records, read_trusted_json
 from runc_guard.delete.aside import MAX_ASIDE_BYTES, aside_dir
 from runc_guard.delete.memcg_hold import MAX_RECORD_BYTES as MAX_HELD_BYTES
 from runc_guard.delete.memcg_hold import held_dir
@@ -145,14 +145,8 @@ class Restamp:
 
 
 def _read(path: str, limit: int) -> dict[str, Any] | None:
-    raw = read_trusted(path, limit + 1)
-    if raw is None or len(raw) > limit:
-        return None
-    try:
-        doc = cjson.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    return doc if isinstance(doc, dict) else None
+    """The record as a JSON object, only if it is ours (atomic.read_trusted_json); else None."""
+    return read_trusted_json(path, limit)
 
 
 def _rewrite(kind: str, path: str, limit: int, clock: Callable[[], float]) -> Restamp | None:
