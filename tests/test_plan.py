@@ -57,3 +57,25 @@ def test_a_records_leftovers_are_only_removed() -> None:
     assert NO_PLAN.paths == ()
     with pytest.raises(AttributeError):
         plan.may_kill = True  # type: ignore[misc]
+
+
+def test_only_a_freeze_that_came_during_the_delete_is_thawed() -> None:
+    fs = _fs()
+    fs.freezers[PATHS[0]] = True
+    plan = DeletePlan.of(_state(PID_HOST), PATHS, fs, True)  # paused by its owner before the delete
+    assert plan.thaw_left_frozen(fs) == [] and fs.freezers[PATHS[0]] is True
+    fs.freezers[PATHS[0]] = False
+    plan = DeletePlan.of(_state(PID_HOST), PATHS, fs, True)
+    fs.freezers[PATHS[0]] = True  # the runtime's destroy froze it, then was stopped
+    assert DeletePlan.of_record(PATHS).thaw_left_frozen(fs) == []
+    assert plan.thaw_left_frozen(fs) == [PATHS[0]] and fs.freezers[PATHS[0]] is False
+
+
+def test_the_deadlines_kill_reaches_only_a_member_of_the_plans_cgroups() -> None:
+    fs = _fs()
+    fs.add("/sys/fs/cgroup/memory/other", [99])
+    fs.dirs[PATHS[1]] = [42]
+    fs.alive.add(42)
+    plan = DeletePlan.of(_state(PID_HOST), PATHS, fs, True)
+    assert not plan.kill_member(fs, 99) and fs.killed == []
+    assert plan.kill_member(fs, 42) and fs.killed == [42]

@@ -65,6 +65,31 @@ class DeletePlan(Value):
         paused = frozenset(p for p in paths if fs.frozen(p))
         return cls(tuple(paths), paused, may_kill, private, may_kill or private, True)
 
+    def kill_member(self, fs: CgroupFsOps, pid: int) -> bool:
+        """SIGKILL ``pid`` only as a member of one of the plan's cgroups (CgroupFs.kill_if_member:
+        through a pidfd, never a recycled pid); True if signalled."""
+        return any(fs.exists(path) and fs.kill_if_member(pid, path) for path in self.paths)
+
+    def thaw_left_frozen(self, fs: CgroupFsOps) -> list[str]:
+        """Thaw the plan's v1 freezers that are FROZEN now but were not when the delete began.
+
+        runc 1.1's destroy of a host-PID container freezes the container's freezer
+        cgroup, SIGKILLs every process, then thaws (signalAllProcesses). Stopped in
+        between (runc-guard's deadline, a signal, containerd's kill), it leaves the
+        freezer FROZEN: the SIGKILLs stay pending and the cgroups can never empty
+        (seen in a crash storm: ``sleep`` in state D, in every hierarchy, for good).
+        Thawing is what runc itself would have done next. A container paused before
+        (``runc pause``: ``paused``) stays paused, as the runtime alone leaves it and
+        containerd still believes. Returns the paths thawed.
+        """
+        if not self.may_thaw:
+            return []
+        return [
+            path
+            for path in self.paths
+            if path not in self.paused and fs.frozen(path) is True and fs.thaw(path)
+        ]
+
     @classmethod
     def of_record(cls, paths: Sequence[str]) -> DeletePlan:
         """A pending record's leftovers: removed as found, nothing killed, thawed or watched."""

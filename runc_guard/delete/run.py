@@ -297,39 +297,19 @@ class DeleteRun:
         own cgroups, through a pidfd (CgroupFs.kill_if_member): never a recycled pid.
         """
         live = self.live_init
-        if live is None:
+        if live is None or init_liveness(*live) != ALIVE:
             return False
-        pid, start = live
-        if init_liveness(pid, start) != ALIVE:
+        if not self.plan.kill_member(self.fs, live[0]):
             return False
-        for path in self.plan.paths:
-            if self.fs.exists(path) and self.fs.kill_if_member(pid, path):
-                self.canonical["init_killed_at_deadline"] = pid
-                return True
-        return False
+        self.canonical["init_killed_at_deadline"] = live[0]
+        return True
 
     def _thaw_left_frozen(self) -> None:
-        """Thaw the container's own v1 freezer if a runtime stopped mid-destroy left it FROZEN.
-
-        runc 1.1's destroy of a host-PID container freezes the container's freezer
-        cgroup, SIGKILLs every process, then thaws (signalAllProcesses). Stopped in
-        between (our deadline, a signal, containerd's kill), it leaves the freezer
-        FROZEN: the SIGKILLs stay pending and the cgroups can never empty (seen in
-        a crash storm: ``sleep`` in state D, in every hierarchy, for good). Thawing
-        is what runc itself would have done next; only a path of this container's
-        own (the plan's, proven at the start) is written, and only where the
-        v1 freezer says FROZEN or FREEZING now but did not when the delete began:
-        a container paused before (``runc pause``) stays paused, as the runtime
-        alone leaves it, and containerd still believes.
-        """
-        plan = self.plan
-        if not plan.may_thaw:
-            return
-        for path in plan.paths:
-            if path in plan.paused or self.fs.frozen(path) is not True:
-                continue  # paused by its owner, not by the runtime's destroy; or no v1 freezer, or gone
-            if self.fs.thaw(path):
-                self.canonical.setdefault("thawed", []).append(path)
+        """Thaw the container's own v1 freezers that a runtime stopped mid-destroy left FROZEN
+        (DeletePlan.thaw_left_frozen: never one its owner paused)."""
+        thawed = self.plan.thaw_left_frozen(self.fs)
+        if thawed:
+            self.canonical.setdefault("thawed", []).extend(thawed)
 
     def _without_state(self, reason: str) -> None:
         """No state: finish a pending record if one is left, else this is a plain passthrough.
