@@ -29,10 +29,9 @@ def read_trusted_json(path: str, limit: int) -> dict[str, object] | None:
     if raw is None:
         return None
     try:
-        doc = cjson.loads(raw)
-    except (ValueError, RecursionError):
+        return cjson.loads_object(raw)
+    except ValueError:
         return None
-    return doc if isinstance(doc, dict) else None
 
 
 def write_json_record(path: str, doc: dict[str, object]) -> bool:

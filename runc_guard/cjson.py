@@ -72,6 +72,21 @@ def loads(raw: bytes | str) -> object:
     return value
 
 
+def loads_object(raw: bytes | str) -> dict[str, Any]:
+    """A JSON object from ``raw``; ``ValueError`` saying which it is not: valid JSON, or an object.
+
+    Every record and state runc-guard reads is one JSON object of untrusted bytes: the
+    one parse, each caller wrapping the reason in its own error.
+    """
+    try:
+        doc = loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ValueError("expected a JSON object")
+    return doc
+
+
 def _plain_utf8(raw: bytes) -> bool:
     """No BOM and no NUL in the first bytes: ``json.detect_encoding`` would say UTF-8."""
     head = raw[:4]

@@ -292,11 +292,9 @@ def read_record(path: str, rule: RecordRule) -> PendingRecord:
     if len(raw) > MAX_RECORD_BYTES:
         raise UntrustedRecord(f"{path}: larger than {MAX_RECORD_BYTES} bytes")
     try:
-        doc = cjson.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise UntrustedRecord(f"{path}: not JSON ({exc})") from None
-    if not isinstance(doc, dict):
-        raise UntrustedRecord(f"{path}: not a JSON object")
+        doc = cjson.loads_object(raw)
+    except ValueError as exc:
+        raise UntrustedRecord(f"{path}: {exc}") from None
     try:
         record = PendingRecord(
             container_id=str(doc["container_id"]),

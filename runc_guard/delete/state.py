@@ -135,12 +135,9 @@ def _read_capped(path: str) -> bytes:
 
 def _json_object(raw: bytes, path: str) -> dict[str, object]:
     try:
-        doc = cjson.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise StateUnreadable(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise StateUnreadable(f"{path}: expected a JSON object")
-    return doc
+        return cjson.loads_object(raw)
+    except ValueError as exc:
+        raise StateUnreadable(f"{path}: {exc}") from None
 
 
 def parse_state(raw: bytes, container_id: str, path: str = "state.json") -> ContainerState:
