@@ -81,7 +81,7 @@ def sweep(lab: cl.Containerd, ns: str, runc: str, tmp: str, *args: str) -> dict[
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
-def test_dead_shim_runc_134_state_is_redriven(ctd: cl.Containerd, tmp_path: object) -> None:
+def test_dead_shim_runc_13_state_is_redriven(ctd: cl.Containerd, tmp_path: object) -> None:
     """Stock: runc 1.3's state and dirs stay after the dead-shim cleanup; the sweep leaves 0 of both."""
     runc = runtimes.require(runtimes.RUNC_13)
     with cl.namespace(ctd) as ns:

@@ -544,7 +544,7 @@ def test_the_finisher_heals_a_6s_teardown_without_a_sweep(
         sl.remove_task(task)
 
 
-def test_stock_runc_134_on_containerd_22_leaves_what_the_finisher_heals(
+def test_stock_runc_13_on_containerd_21_leaves_what_the_finisher_heals(
     machine_21: sl.Machine, ns: str, summary: list[str]
 ) -> None:
     """Control of the finisher's test on containerd 2.1: the same 6 s crash through stock runc 1.3.

@@ -701,7 +701,7 @@ def path_b(
             kill(init)
             time.sleep(max(0.0, start + delay - time.monotonic()))
             hold.release()
-            # containerd is done when both bundles are gone; containerd 2.2 never deletes
+            # containerd is done when both bundles are gone; containerd 2.x never deletes
             # the container's (issue 10), so give it 2 s after the sandbox's.
             wait_for(lambda: not lab.bundle_exists(pod.id), settle, 0.05)
             wait_for(lambda: not lab.bundle_exists(ctr.id), 2.0, 0.05)

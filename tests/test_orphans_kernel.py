@@ -163,7 +163,7 @@ def ctl(tmp_path: Path, orphan: Orphan, command: str, *args: str) -> subprocess.
 
 
 @pytest.mark.parametrize("layout", ["containerd", "flat"])
-def test_sweep_redrives_orphaned_runc_134_state(tmp_path: Path, layout: str) -> None:
+def test_sweep_redrives_orphaned_runc_13_state(tmp_path: Path, layout: str) -> None:
     """runc 1.3 keeps its state after a busy delete; stock sweep keeps it, ours leaves 0 dirs, 0 state."""
     root = str(tmp_path / "runc" / "k8s.io") if layout == "containerd" else str(tmp_path / "flat")
     with path_b_orphan(tmp_path, root) as (orphan, hold, delete):
