@@ -204,12 +204,20 @@ def test_path_b_crun_systemd(cells: dict[str, Any], record_property: Any) -> Non
     # container's own delete (the finisher's) left nothing: no dirs, no scope unit, no state, no record.
     assert not any("not named after" in r for r in sandbox["reasons"]), sandbox["reasons"]
     assert how == "delete", result["runc-crun"]
-    nothing = {"dirs": 0, "unit": "gone", "state": False, "bundle": False, "records": 0}
-    assert guard == nothing, result["runc-crun"]
     # Its journal: the container's own delete (check_crun: a deadline is exit 75), and the finisher's
     # `finished_late` unless its reporter had not delivered it yet when the cell read the journal.
     outcomes = [e.get("outcome") for e in result["runc-crun"]["deletes"]["work"] if e.get("outcome")]
     assert outcomes and set(outcomes) <= {"removed", "already_gone", "deadline", "finished_late"}, outcomes
+    if outcomes[-1] == "deadline" and guard["records"] == 1:
+        # Exit 75 with its record, the finisher not done yet when the cell looked (seen on a loaded
+        # host, the guest's one emulated vCPU starved): the contract of every Path B cell
+        # (check_path_b); test_node_tools_on_sid proves the sweep then leaves nothing.
+        assert (guard["dirs"], guard["unit"]) == (0, "gone"), result["runc-crun"]
+        figure(record_property, "vm sid path-b crun systemd: exit 75 with its record; the finisher had not "
+               "finished when the cell looked")  # fmt: skip
+        return
+    nothing = {"dirs": 0, "unit": "gone", "state": False, "bundle": False, "records": 0}
+    assert guard == nothing, result["runc-crun"]
     if outcomes[-1] == "deadline":
         figure(record_property, "vm sid path-b crun systemd: the finisher's finished_late was not in the "
                "journal yet when the cell read it (nothing was left: it had finished)")  # fmt: skip
