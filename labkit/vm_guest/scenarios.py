@@ -666,6 +666,8 @@ STORM_HOLDS = (0.3, 3.0)
 #: kubelet's RemoveContainer retries per container before the count (teardown's 30 would cost
 #: minutes per storm under TCG when a container never goes).
 STORM_RM_ATTEMPTS = 5
+#: Seconds after the kills to wait for every sandbox's bundle to go: each shim delete has 5 s.
+STORM_CLEANUP_WAIT = 30.0
 STORM_WRITE = f"busybox dd if=/dev/zero of=/data/slow bs={SLOW_BYTES} count=1 oflag=direct 2>/data/dd.err"
 STORM_COMMAND = ["/bin/sh", "-c", f"sleep 1000 & sleep 1000 & {STORM_WRITE} & wait"]
 
@@ -822,9 +824,11 @@ def storm(handler: str, pods: int, seed: int, settle: float) -> dict[str, Any]:
         setup_s = time.monotonic() - started
         wall = time.time()
         killed, kills = kill_and_release(members, delays)
-        # containerd's dead-shim cleanup has run its course: every sandbox's bundle is gone.
+        # containerd's dead-shim cleanup has run its course: every sandbox's bundle is gone, or
+        # STORM_CLEANUP_WAIT s passed (containerd 2.1.9 keeps the bundle of a shim whose delete it killed).
         sandboxes = [m.pod.id for m in members]
-        wait_for(lambda: not any(os.path.exists(os.path.join(TASKS, s)) for s in sandboxes), 90, 1.0)
+        bundles = [os.path.join(TASKS, s) for s in sandboxes]
+        wait_for(lambda: not any(os.path.exists(b) for b in bundles), STORM_CLEANUP_WAIT, 1.0)
         cleanup_s = time.monotonic() - killed
         ids = [m.cid for m in members]
         at_cleanup = storm_left(ids + sandboxes)
