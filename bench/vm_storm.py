@@ -103,12 +103,15 @@ def report(args: argparse.Namespace, storms: dict[str, Any], boot_s: float) -> N
     )  # fmt: skip
     for handler in HANDLERS:
         r = storms[handler]
-        print(f"{handler}: setup {r['setup_s']} s, kills within {r['kill_spread_s']} s, containerd's cleanup "
-              f"over {r['cleanup_s']} s after them, removal {r['removal_s']} s (RemoveContainer attempts "
+        kept = sum(bool(r["at_cleanup"][s]["bundle"]) for s in r["sandboxes"])
+        cleanup = f"{kept} sandbox bundles still there" if kept else "no sandbox bundle left"
+        print(f"{handler}: setup {r['setup_s']} s, kills within {r['kill_spread_s']} s, {cleanup} "
+              f"{r['cleanup_s']} s after them, removal {r['removal_s']} s (RemoveContainer attempts "
               f"{r['rm_attempts']})")  # fmt: skip
         said = [line for lines in r["containerd"].values() for line in lines]
-        if said:
-            print(f"{handler}: containerd ({len(said)} lines kept), e.g. {said[0]}")
+        failed = [line for line in said if "shim disconnected" in line]
+        if failed or said:
+            print(f"{handler}: containerd, e.g. {(failed or said)[0]}")
 
 
 def main() -> None:
