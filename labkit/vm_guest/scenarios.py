@@ -649,6 +649,215 @@ def crash_loop(
         pod.remove()
 
 
+# -- a crash storm: N pods' inits and shims SIGKILLed at once ------------------------
+
+
+#: The storm's hold (the v1 freezer hold of bench.storm, as a v2 node has it): each pod's slice
+#: gets this write limit on the data disk before its container starts, and the container's
+#: ``busybox dd oflag=direct`` then waits in D for its one 512 KiB write (512 s at 1 KiB/s,
+#: longer than any storm's setup); the hold ends when the limit is lifted (``wbps=max``: the
+#: kernel re-dispatches the queued bio at once), each pod's after its own delay from the kill.
+#: Direct I/O, not the teardown's buffered write + fsync: with many pods on one ext4 data disk,
+#: an fsync's journal commit would wait for another pod's throttled pages (data=ordered), so
+#: one pod's release would not end its own hold.
+STORM_HOLD_RATE = 1024
+#: Each hold ends this many seconds after the kills (seeded): bench.storm's 0.3-3 s teardowns.
+STORM_HOLDS = (0.3, 3.0)
+#: kubelet's RemoveContainer retries per container before the count (teardown's 30 would cost
+#: minutes per storm under TCG when a container never goes).
+STORM_RM_ATTEMPTS = 5
+#: Seconds after the kills to wait for every sandbox's bundle to go: each shim delete has 5 s.
+STORM_CLEANUP_WAIT = 30.0
+STORM_WRITE = f"busybox dd if=/dev/zero of=/data/slow bs={SLOW_BYTES} count=1 oflag=direct 2>/data/dd.err"
+STORM_COMMAND = ["/bin/sh", "-c", f"sleep 1000 & sleep 1000 & {STORM_WRITE} & wait"]
+
+
+class StormPod:
+    """One pod of the storm: a sandbox and one container (two sleepers and a held writer)."""
+
+    def __init__(self, handler: str) -> None:
+        self.pod = Pod(handler, "container")
+        self.gone_s: float | None = None
+        try:
+            sh("systemctl", "set-property", "--runtime", self.pod.slice,
+               f"IOWriteBandwidthMax={DEVICE} {STORM_HOLD_RATE}")  # fmt: skip
+            self.cid = self.pod.create(STORM_COMMAND, data=True)
+            procs = os.path.join(self.pod.slice_dir, scope(self.cid))
+            if not wait_for(lambda: writer_in_d(procs) != 0, 90, 0.2):
+                raise RuntimeError(f"the storm's writer never slept in D state in {procs}")
+            self.writer = writer_in_d(procs)
+            self.init, self.shim = init_and_shim(self.cid)
+        except BaseException:
+            self.remove()
+            raise
+
+    def remove(self) -> None:
+        """The hold lifted (a held writer would keep the pod's stop waiting), then kubelet's removal."""
+        with contextlib.suppress(OSError):
+            self.release()
+        self.pod.remove()
+
+    def release(self) -> None:
+        """Lift the slice's write limit: the held bio is dispatched, the writer's SIGKILL takes effect."""
+        rdev = os.stat(DEVICE).st_rdev
+        with open(os.path.join(self.pod.slice_dir, "io.max"), "w") as f:
+            f.write(f"{os.major(rdev)}:{os.minor(rdev)} wbps=max")
+
+
+def cpu_busy() -> tuple[float, float]:
+    """The node's busy and idle CPU seconds from ``/proc/stat`` (bench.storm's figure, in TCG time)."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / hz, idle / hz
+
+
+def journal_by_id(since: float) -> dict[str, list[dict[str, str]]]:
+    """runc-guard's journal entries since ``since`` (wall clock), per container id: one journalctl."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since - 1))
+    out = sh("journalctl", "-t", "runc-guard", "--since", stamp, "-o", "json", "--no-pager", check=False)
+    found: dict[str, list[dict[str, str]]] = {}
+    for line in out.stdout.splitlines():
+        with contextlib.suppress(ValueError):
+            entry = json.loads(line)
+            keys = ("EVENT", "OUTCOME", "EXIT_STATUS", "WAITED_MS", "REASON", "SANDBOX_ID")
+            cid = str(entry.get("CONTAINER_ID", ""))
+            found.setdefault(cid, []).append({k.lower(): str(entry[k])[:200] for k in keys if k in entry})
+    return found
+
+
+def containerd_lines(since: float, ids: list[str]) -> dict[str, list[str]]:
+    """containerd's warnings and errors since ``since`` naming each id (one journalctl, filtered here)."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since - 1))
+    out = sh("journalctl", "-u", "containerd", "--since", stamp, "-o", "cat", "--no-pager", check=False)
+    said: dict[str, list[str]] = {c: [] for c in ids}
+    for line in out.stdout.splitlines():
+        if "level=warning" not in line and "level=error" not in line:
+            continue
+        for c in ids:
+            if c in line:
+                said[c].append(line[:300])
+    return said
+
+
+def cleanup_failed(lines: list[str]) -> bool:
+    """containerd said its dead-shim cleanup of this id failed (the shim delete killed at 5 s, or failed)."""
+    marks = ("failed to clean up after shim disconnected", "signal: killed")
+    return any(m in line for line in lines for m in marks)
+
+
+def storm_left(ids: list[str]) -> dict[str, dict[str, object]]:
+    """Per id: cgroup dirs (one walk of the tree for all), scope unit, runtime state, bundle, records."""
+    names = {scope(c): c for c in ids} | {c: c for c in ids}
+    dirs = dict.fromkeys(ids, 0)
+    for _dirpath, sub, _files in os.walk(CGROUP):
+        for d in sub:
+            if d in names:
+                dirs[names[d]] += 1
+    units = set(scope_units())
+    texts = []
+    for directory in (PENDING, "/run/runc-guard/aside"):
+        for name in os.listdir(directory) if os.path.isdir(directory) else []:
+            with contextlib.suppress(OSError), open(os.path.join(directory, name)) as f:
+                texts.append((directory, f.read()))
+    return {c: {
+        "dirs": dirs[c], "unit": scope(c) in units,
+        "state": os.path.exists(os.path.join(RUNC_ROOT, c)), "bundle": os.path.exists(os.path.join(TASKS, c)),
+        "records": sum(1 for d, t in texts if d == PENDING and c in t),
+        "aside": sum(1 for d, t in texts if d != PENDING and c in t),
+    } for c in ids}  # fmt: skip
+
+
+def kill_and_release(members: list[StormPod], delays: list[float]) -> tuple[float, dict[str, object]]:
+    """Every init and every shim SIGKILLed, each hold lifted after its delay, each writer's exit timed.
+
+    Returns the kills' monotonic time, how long the kills took, and the node's busy and
+    idle CPU seconds in the 5 s after them (containerd's dead-shim budget).
+    """
+    busy0, idle0 = cpu_busy()
+    killed = time.monotonic()
+    for m in members:
+        os.kill(m.init, 9)
+        os.kill(m.shim, 9)
+    spread = time.monotonic() - killed
+    order = sorted(range(len(members)), key=lambda i: delays[i])
+    waiting = set(order)
+    cpu: dict[str, float] = {}
+    released = 0
+    while waiting or released < len(members) or not cpu:
+        now = time.monotonic() - killed
+        while released < len(members) and delays[order[released]] <= now:
+            members[order[released]].release()
+            released += 1
+        for i in list(waiting):
+            if proc_state(members[i].writer) in ("gone", "Z"):
+                members[i].gone_s = round(now, 2)
+                waiting.discard(i)
+        if not cpu and now >= 5.0:
+            busy, idle = cpu_busy()
+            cpu = {"busy": round(busy - busy0, 2), "idle": round(idle - idle0, 2)}
+        if now > 120:
+            break
+        time.sleep(0.1)
+    return killed, {"kill_spread_s": round(spread, 3), "cpu_5s": cpu}
+
+
+def storm(handler: str, pods: int, seed: int, settle: float) -> dict[str, Any]:
+    """``pods`` pods through ``handler``, every container's init and every shim SIGKILLed at once.
+
+    containerd 2.x's dead-shim cleanup then runs one shim delete per pod (its
+    sandbox's: docs/vm.md, Path B) at once. Each pod's writer is held until its own
+    delay (seeded, STORM_HOLDS) after the kills. Then kubelet's removal (RemoveContainer
+    retried, StopPodSandbox, RemovePodSandbox), ``settle`` s with no sweep, and the count.
+    """
+    import random
+
+    rng = random.Random(seed)
+    delays = [round(rng.uniform(*STORM_HOLDS), 2) for _ in range(pods)]
+    started = time.monotonic()
+    members: list[StormPod] = []
+    removed = False
+    try:
+        for _ in range(pods):
+            members.append(StormPod(handler))
+        setup_s = time.monotonic() - started
+        wall = time.time()
+        killed, kills = kill_and_release(members, delays)
+        # containerd's dead-shim cleanup has run its course: every sandbox's bundle is gone, or
+        # STORM_CLEANUP_WAIT s passed (containerd 2.1.9 keeps the bundle of a shim whose delete it killed).
+        sandboxes = [m.pod.id for m in members]
+        bundles = [os.path.join(TASKS, s) for s in sandboxes]
+        wait_for(lambda: not any(os.path.exists(b) for b in bundles), STORM_CLEANUP_WAIT, 1.0)
+        cleanup_s = time.monotonic() - killed
+        ids = [m.cid for m in members]
+        at_cleanup = storm_left(ids + sandboxes)
+        removal = time.monotonic()
+        rm = [kubelet_rm(c, STORM_RM_ATTEMPTS) for c in ids]
+        for m in members:
+            m.pod.remove()
+        removed = True
+        removal_s = time.monotonic() - removal
+        listed_pods = {p["id"] for p in cri().list_pods()} & set(sandboxes)
+        listed = {c["id"] for c in cri().list_containers()} & set(ids)
+        time.sleep(settle)
+        said = containerd_lines(wall, ids + sandboxes)
+        return {
+            "scenario": "storm", "handler": handler, "pods": pods, "seed": seed, "delays": delays,
+            "setup_s": round(setup_s, 1), **kills, "held_s": [m.gone_s for m in members],
+            "cleanup_s": round(cleanup_s, 1), "removal_s": round(removal_s, 1), "settle_s": settle,
+            "sandboxes": sandboxes, "ids": ids, "rm_attempts": rm,
+            "cri_listed": {"pods": sorted(listed_pods), "containers": sorted(listed)},
+            "at_cleanup": at_cleanup, "left": storm_left(ids + sandboxes),
+            "cleanup_failed": [s for s in sandboxes if cleanup_failed(said[s])],
+            "containerd": {c: lines[-3:] for c, lines in said.items() if lines},
+            "journal": {c: e for c, e in journal_by_id(wall).items() if c in set(ids + sandboxes)},
+        }  # fmt: skip
+    finally:
+        for m in [] if removed else members:
+            m.remove()
+
+
 # -- the node tools on the unified tree -------------------------------------------
 
 
@@ -709,6 +918,8 @@ def main() -> None:
     elif name == "crash-loop":  # crash-loop HANDLERS RESTARTS SECONDS PIDMODE [MIB: the emptyDir variant]
         mib = int(rest[3]) if len(rest) > 3 else 0
         print(json.dumps(each(crash_loop, int(rest[0]), float(rest[1]), rest[2], mib)))
+    elif name == "storm":  # storm HANDLERS PODS SEED SETTLE: one handler's storm after the other's
+        print(json.dumps(each(storm, int(rest[0]), int(rest[1]), float(rest[2]), parallel=False)))
     elif name == "node-tools":  # node-tools - ID...
         print(json.dumps(node_tools(rest)))
     elif name == "journal":  # journal - ID...: runc-guard's journal entries per container
