@@ -1,4 +1,4 @@
-"""The two libc calls the delete path needs (statfs, prctl), through ``_ctypes`` alone.
+"""The libc calls Python's os lacks (statfs, prctl, renameat2), through ``_ctypes`` alone.
 
 ``import ctypes`` costs ~6 ms of CPU on every delete (its ``__init__`` builds
 dozens of types and loads ``struct``; 23 against 16 ms for a bare ``python
@@ -90,3 +90,16 @@ PR_SET_PDEATHSIG = 1
 def prctl() -> _Function:
     """prctl(2), looked up ahead of a fork so that the child only calls it."""
     return _function("prctl")
+
+
+#: renameat2(2): paths relative to the cwd; swap the two names' files in one step.
+AT_FDCWD = -100
+RENAME_EXCHANGE = 2
+
+
+def exchange(a: str, b: str) -> None:
+    """renameat2(RENAME_EXCHANGE): ``a`` and ``b`` swap files atomically; OSError (ENOENT) when
+    either name is gone, so nothing removed meanwhile comes back."""
+    if _function("renameat2")(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) != 0:
+        err = _ctypes.get_errno()
+        raise OSError(err, os.strerror(err), b)

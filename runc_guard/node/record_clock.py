@@ -14,7 +14,6 @@ until then audit lists it, calls it a problem and counts it.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
 import os
@@ -30,6 +29,7 @@ from runc_guard.delete.memcg_hold import MAX_RECORD_BYTES as MAX_HELD_BYTES
 from runc_guard.delete.memcg_hold import held_dir
 from runc_guard.delete.pending import CLAIMED, MAX_RECORD_BYTES, Claim, RecordRule, iter_records
 from runc_guard.invocation import valid_container_id
+from runc_guard.libc import exchange
 
 #: A record dated more than this ahead of the clock is "ahead": ``created`` is rounded to the
 #: millisecond, and a step this small delays nothing that matters.
@@ -85,18 +85,6 @@ def restamped(doc: Mapping[str, object], now: float) -> dict[str, object]:
 
 # -- replacing a record without ever bringing one back ---------------------------------
 
-AT_FDCWD = -100
-RENAME_EXCHANGE = 2
-
-
-def _exchange(a: str, b: str) -> None:
-    """renameat2(RENAME_EXCHANGE): both names swap files in one step; ENOENT when either is gone."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), b)
-
-
 def replace_existing(path: str, data: bytes) -> bool:
     """Put ``data`` at ``path`` only if a file is there now; False when it is gone.
 
@@ -114,7 +102,7 @@ def replace_existing(path: str, data: bytes) -> bool:
     finally:
         os.close(fd)
     try:
-        _exchange(tmp, path)
+        exchange(tmp, path)
         return True
     except FileNotFoundError:
         return False
