@@ -132,14 +132,9 @@ class Restamp:
         return asdict(self)
 
 
-def _read(path: str, limit: int) -> dict[str, Any] | None:
-    """The record as a JSON object, only if it is ours (atomic.read_trusted_json); else None."""
-    return read_trusted_json(path, limit)
-
-
 def _rewrite(kind: str, path: str, limit: int, clock: Callable[[], float]) -> Restamp | None:
     """Re-read ``path`` (ours only) and re-stamp it if it is still dated ahead; None when it is not."""
-    doc = _read(path, limit)
+    doc = read_trusted_json(path, limit)
     if doc is None:
         return None
     now = clock()
@@ -209,6 +204,6 @@ def restamp_records(
 
 def _docs(directory: str, limit: int) -> Iterator[tuple[str, dict[str, Any]]]:
     for path in json_records(directory):
-        doc = _read(path, limit)
+        doc = read_trusted_json(path, limit)
         if doc is not None:
             yield path, doc
