@@ -974,10 +974,7 @@ def _teardown_steps(
     t = time.monotonic()
     p = run("stopp", pod.id)
     timings["stopp_s"] = elapsed(t)
-    res["stopp"] = (
-        p.returncode,
-        [i["state"] for i in (_json(run("pods", "-o", "json", "--id", pod.id)) or {}).get("items", [])],
-    )
+    res["stopp"] = (p.returncode, _settled_pod_states(run, pod.id))
     t = time.monotonic()
     p = run("rmp", pod.id)
     timings["rmp_s"] = elapsed(t)
@@ -985,6 +982,26 @@ def _teardown_steps(
     # The pod-level cgroup itself is kubelet's to remove, not containerd's.
     below = [d for d in dirs_named(pod.cgroup_parent) if not d.endswith(pod.cgroup_parent)]
     res["rmp-left"] = (below, lab.runtime_state(pod.id))
+
+
+def _settled_pod_states(
+    run: Callable[..., subprocess.CompletedProcess[str]], pod_id: str, settle: float = 10.0
+) -> list[str]:
+    """The pod's states once no longer ``SANDBOX_READY``, or as they stand after ``settle`` s.
+
+    containerd 2.x returns StopPodSandbox once its sandbox controller saw the exit, while the
+    CRI's own status turns NOTREADY in a separate exit-monitor goroutine woken by the same
+    exit (internal/cri/server/events.go, ``startSandboxExitMonitor``): the listing may still
+    say READY for a moment whatever the runtime. 1.6 and 1.7 wait for that update before
+    returning. A pod that never leaves READY still shows it here.
+    """
+
+    def states() -> list[str]:
+        p = run("pods", "-o", "json", "--id", pod_id)
+        return [i["state"] for i in (_json(p) or {}).get("items", [])]
+
+    wait_for(lambda: "SANDBOX_READY" not in states(), settle, interval=0.05)
+    return states()
 
 
 def rm_retry(lab: CriLab, handler: str, pid_mode: str, release_after: float, budget: float = 45.0) -> Cell:
