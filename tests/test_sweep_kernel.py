@@ -341,8 +341,8 @@ def test_stop_load_balance_clears_a_v1_cpuset_only(trees: Trees) -> None:
 
 def test_sweep_reclaims_a_leaked_memcg_before_its_rmdir(trees: Trees, tmp_path: Path) -> None:
     """A leaked container whose memory cgroup still has 1 MiB of a volume's page cache charged (the
-    runtime's rmdir never came; its file outlives it): the sweep reclaims it before the rmdir, so
-    the kernel frees the memcg instead of keeping it dying. The charge stays below the pod until then."""
+    runtime's rmdir never came; the file it read outlives it): the sweep reclaims it before the rmdir,
+    so the kernel frees the memcg instead of keeping it dying. The charge stays below the pod until then."""
     memory = "/sys/fs/cgroup/memory"
     if memory not in trees.mounts:
         pytest.skip("no cgroup v1 memory hierarchy (pure v2: the VM lab covers memory.reclaim)")
@@ -350,9 +350,17 @@ def test_sweep_reclaims_a_leaked_memcg_before_its_rmdir(trees: Trees, tmp_path: 
     cid = new_id()
     trees.make(f"{pod}/{cid}")
     leaked = os.path.join(trees.top(memory), pod, cid)
+    # Written and out of the page cache before the container reads it: its memcg is charged clean data
+    # pages only. Written from inside, it would also be charged the ext4 metadata its allocation
+    # dirtied, which the journal keeps dirty (and active after an fsync) for as long as it likes: pages
+    # the sweep rightly leaves, as the kernel decides, not the sweep.
     volume = tmp_path / "volume.log"
-    subprocess.run(["sh", "-c", f"echo $$ > {leaked}/cgroup.procs; "
-                    f"dd if=/dev/zero of={volume} bs=1M count=1 2>/dev/null"], check=True)  # fmt: skip
+    with open(volume, "wb") as f:
+        f.write(os.urandom(1 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    subprocess.run(["sh", "-c", f"echo $$ > {leaked}/cgroup.procs; cat {volume} > /dev/null"], check=True)
     os.utime(leaked, (time.time() - 3600, time.time() - 3600))
     pod_dir = os.path.join(trees.top(memory), pod)
 
@@ -367,5 +375,5 @@ def test_sweep_reclaims_a_leaked_memcg_before_its_rmdir(trees: Trees, tmp_path: 
     # What the sweep decides: nothing left charged when it removed the memcg, and the pages gone
     # from the pod. How much of the 1 MiB it reclaimed itself is not its call alone: a node-wide
     # reclaimer (DAMON's kdamond pages cold cache out here) may have taken part of it first.
-    assert report["memcg_left"] == 0 and report["memcg_reclaimed_kb"] <= before >> 10, report
+    assert report["memcg_left"] == 0 and report["memcg_reclaimed_kb"] <= before >> 10, json.dumps(report)
     assert charged() < before - (900 << 10), (before, charged())

@@ -34,7 +34,8 @@ that many pages read again, once.
   v2 writes that to ``memory.reclaim``; v1 lowers ``memory.limit_in_bytes`` by it
   (mem_cgroup_resize_max reclaims until the usage fits, then returns).
   ``memory.force_empty``, which loops until the usage is 0 and no deadline can
-  interrupt, only ever gets a tiny clean remainder (FINAL).
+  interrupt, only ever gets a tiny clean remainder (FINAL, and what per-CPU
+  LRU batches still hold: BATCHED_PER_CPU).
 - On a kernel that reparents a dead memcg's page cache itself (the "reparent LRU
   folios" series, Linux 7.x), removing the memcg frees it and a reclaim would
   only evict: nothing is reclaimed there. Which kernel this is is a behaviour
@@ -82,11 +83,16 @@ PAGE = 4096
 #: so the next one waits this long first, at most WRITEBACK_WAITS times, never past the deadline.
 WRITEBACK_PAUSE = 0.01
 WRITEBACK_WAITS = 10
-#: v1: a remainder this small, none of it dirty or under writeback, nothing in use beyond
-#: ACTIVE_SLACK, is finished by ``memory.force_empty``: its lru_add_drain_all takes the pages still
-#: in per-CPU LRU batches (no lowered limit sees those), and with no writeback to wait on, its rounds
-#: over a few pages end at once. Anything larger or dirtier never goes to force_empty.
+#: v1: a remainder this small, none of it dirty or under writeback, at most this much of it active,
+#: is finished by ``memory.force_empty``: its lru_add_drain_all takes the pages still in per-CPU LRU
+#: batches (charged, on no list yet: no lowered limit sees those, and a budget read from the lists
+#: misses them until they land there during the reclaim), and with no writeback to wait on, its
+#: rounds over a few pages end at once. Anything larger or dirtier never goes to force_empty.
 FINAL = 64 << 10
+#: ... plus this much per CPU, for those batches (a folio batch holds 15 folios, 31 on newer kernels,
+#: per CPU and kind). Seen here (6.1, 2 CPUs): 1 MiB read by a container on one CPU and its memcg
+#: reclaimed from the other left 106-112 KiB in batches and 64-176 KiB on the inactive list.
+BATCHED_PER_CPU = 128 << 10
 #: Active (in-use) page cache reclaimed with the cold: more than this and none of it is (:func:`reclaimable`).
 ACTIVE_SLACK = 256 << 10
 #: Reclaimed only when at most this much page cache is reclaimable ... (a reclaim that gives up at its
@@ -412,11 +418,13 @@ USAGE = {V1: "memory.usage_in_bytes", V2: "memory.current"}
 def _finish_v1(
     path: str, left: int, deadline: float, clock: Callable[[], float], sleep: Callable[[float], None]
 ) -> int:
-    """force_empty on a v1 remainder of at most FINAL, in use at most ACTIVE_SLACK, once it is clean
-    (WRITEBACK_WAITS short waits at most, within the deadline); the usage after."""
+    """force_empty on a v1 remainder of at most FINAL (and BATCHED_PER_CPU per CPU), at most FINAL
+    of it active, once it is clean (WRITEBACK_WAITS short waits at most, within the deadline); the
+    usage after."""
+    bound = FINAL + BATCHED_PER_CPU * (os.cpu_count() or 1)
     for _ in range(WRITEBACK_WAITS + 1):
         cache = cache_of(path, V1)
-        if cache is None or not 0 < cache.file <= FINAL or cache.active > ACTIVE_SLACK:
+        if cache is None or not 0 < cache.file <= bound or cache.active > FINAL:
             return left
         if not cache.dirty:
             break
