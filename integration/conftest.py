@@ -46,7 +46,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 #: Modules run first: the VM lab alone takes ~13-15 of `make test`'s minutes on one worker.
-FIRST = ("test_vm_node.py",)
+FIRST = ("test_vm_node.py", "test_vm_modern_node.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
