@@ -53,6 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -86,12 +87,18 @@
 #define MAX_NAMES 256
 /* runc_guard/deadline.py */
 #define MIN_BUDGET_SHARE 0.25
-/* runc_guard/overload.py */
+/* runc_guard/overload.py and shim/startup.py */
 #define STORM_HOLD 5.0
 #define STORM_MARK "storm"
+#define COST_FILE "cost"
+#define COST_MAX_MS 1000000
+#define COST_SHARE (1.0 / 16)
 /* runc_guard/delete/bounds.py CROWDED_DIR_BYTES: past it the Python writer prunes. */
 #define CROWDED_DIR_BYTES (64 << 10)
 #define FINISHER_LOCK "finisher.lock"
+/* runc_guard/spool.py HELPER_NICE */
+#define HELPER_NICE 19
+#define HELPER_NICE_TEXT "19"
 #define REPORTER_LOCK ".reporter.lock"
 
 extern char **environ;
@@ -870,20 +877,63 @@ static int make_dirs(const char *path)
 	return stat(buf, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
 }
 
-/* startup.slots: two per CPU this process may run on. */
-static int slot_count(void)
+/* startup.cpus: the CPUs this process may run on. */
+static int cpu_count(void)
 {
 	cpu_set_t set;
 	long online;
-	int cpus;
 
-	if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-		cpus = CPU_COUNT(&set);
-	} else {
-		online = sysconf(_SC_NPROCESSORS_ONLN);
-		cpus = online > 0 ? (int)online : 1;
+	if (sched_getaffinity(0, sizeof(set), &set) == 0)
+		return CPU_COUNT(&set);
+	online = sysconf(_SC_NPROCESSORS_ONLN);
+	return online > 0 ? (int)online : 1;
+}
+
+/* startup.slots: two per CPU, fewer when the path's measured cost says so; 0 when one alone is too costly. */
+static int slot_count(const char *startup, double timeout, int cpus)
+{
+	char path[PATH_MAX], buf[32], *end;
+	struct stat st;
+	long long cost = 0, afford;
+	int most = cpus < 1 ? 2 : 2 * cpus, fd, n;
+	ssize_t len = -1;
+
+	/* overload.read_cost: "<ms>\n" in a file of ours, or no measurement */
+	n = snprintf(path, sizeof(path), "%s/" COST_FILE, startup);
+	if (n > 0 && (size_t)n < sizeof(path) && (fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) >= 0) {
+		if (fstat(fd, &st) == 0 && trusted(&st))
+			len = read_all(fd, buf, sizeof(buf) - 1);
+		close(fd);
 	}
-	return cpus < 1 ? 2 : 2 * cpus;
+	if (len > 1 && buf[len - 1] == '\n' && buf[0] >= '0' && buf[0] <= '9') {
+		buf[len - 1] = '\0';
+		errno = 0;
+		cost = strtoll(buf, &end, 10);
+		if (errno != 0 || *end != '\0' || cost > COST_MAX_MS)
+			cost = 0;
+	}
+	if (cost <= 0)
+		return most;
+	afford = (long long)(COST_SHARE * cpus * timeout * 1000) / cost;
+	return afford > most ? most : (int)afford;
+}
+
+/* startup.runnable: the R of /proc/loadavg's R/T (tasks runnable now, node-wide), or -1. */
+static long runnable_now(void)
+{
+	char buf[256], *field, *end;
+	long running;
+	int i;
+
+	if (read_small("/proc/loadavg", buf, sizeof(buf)) < 0)
+		return -1;
+	for (field = buf, i = 0; i < 3 && field; i++)
+		field = strchr(field, ' ') ? strchr(field, ' ') + 1 : NULL;
+	if (field == NULL || *field < '0' || *field > '9')
+		return -1;
+	errno = 0;
+	running = strtol(field, &end, 10);
+	return errno != 0 || *end != '/' || end[1] < '0' || end[1] > '9' ? -1 : running;
 }
 
 /* An flock on <dir>/<name> (close-on-exec), or -1: held by another (EWOULDBLOCK), or unusable. */
@@ -1000,11 +1050,25 @@ static int write_fact(const char *spool, const char *id, const char *root, const
 	return 0;
 }
 
+/* spool.lower_priority for ourselves, before the interpreter's start: nice and autogroup at HELPER_NICE. */
+static void lower_priority(void)
+{
+	int fd;
+
+	(void)setpriority(PRIO_PROCESS, 0, HELPER_NICE);
+	fd = open("/proc/self/autogroup", O_WRONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		(void)!write(fd, HELPER_NICE_TEXT, sizeof(HELPER_NICE_TEXT) - 1);
+		close(fd);
+	}
+}
+
 /*
  * report.spawn_detached: the helper (the Python entry, told "helper") in a session of its
  * own, its lock as fd 3, /dev/null for stdio (go-runc waits until the runtime's stdout/stderr
- * pipes close), the caller's environment behind the hand-over. The helper itself lowers its
- * priority and leaves our cgroups (spool.step_back). Not waited for: it outlives this process.
+ * pipes close), the caller's environment behind the hand-over, below every runtime from its first
+ * instruction (lower_priority). The helper itself leaves our cgroups (spool.step_back). Not waited
+ * for: it outlives this process.
  */
 static void spawn_helper(int lock, const char *const *args)
 {
@@ -1017,6 +1081,7 @@ static void spawn_helper(int lock, const char *const *args)
 		return;
 	}
 	setsid();
+	lower_priority();
 	null = open("/dev/null", O_RDWR | O_CLOEXEC);
 	if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0 ||
 	    (lock == 3 ? fcntl(3, F_SETFD, 0) : dup2(lock, 3)) < 0)
@@ -1083,7 +1148,8 @@ __attribute__((noreturn)) static void interpose(const struct invocation *inv, co
 	char startup[PATH_MAX], mark[PATH_MAX], cwd[PATH_MAX] = "", tail[96];
 	const char *cache = env_value("RUNC_GUARD_CACHE_DIR="), *root = state_root(inv), *role;
 	double origin, now, lag, left, margin, deadline;
-	int slot, count;
+	long running;
+	int slot, count, cpus;
 
 	cache = cache ? cache : DEFAULT_CACHE_DIR;
 	/* <id>@<12 hex digits>.json (pending.record_path) longer than a file name: no record to write */
@@ -1119,7 +1185,16 @@ __attribute__((noreturn)) static void interpose(const struct invocation *inv, co
 			mark_storm(mark);
 		step_aside(cache, r, inv->container_id, root, cwd, runtime, "storm", 0);
 	}
-	count = slot_count();
+	cpus = cpu_count();
+	count = slot_count(startup, r->timeout, cpus);
+	if (count == 0) { /* startup.cpu_to_spare: one path costs too much here, so alone and with CPU to spare */
+		running = runnable_now();
+		if (running < 0 || running > 2L * cpus) {
+			mark_storm(mark);
+			step_aside(cache, r, inv->container_id, root, cwd, runtime, "cpu", running < 0 ? 0 : running);
+		}
+		count = 1;
+	}
 	slot = acquire(startup, count);
 	if (slot == -2) {
 		mark_storm(mark);

@@ -115,21 +115,37 @@ HOME_ENV = "RUNC_GUARD_HELPER_HOME"
 MAX_ANCESTORS = 32
 
 
-def step_back(
-    autogroup: str = "/proc/self/autogroup",
-    mountinfo: str = "/proc/self/mountinfo",
-    environ: MutableMapping[str, str] | None = None,
-    proc: str = "/proc",
-) -> list[str] | None:
-    """A detached helper's second act: run below everything containerd does, and away from its caller.
+def lower_priority(pid: int, proc: str = "/proc") -> None:
+    """Run the helper ``pid`` below everything containerd does: its spawner's first act.
 
     The helpers start their own session (so a kill of the shim's process group
     cannot reach them), and with ``sched_autogroup`` (on in Debian's kernels) the
     scheduler first shares the CPU between sessions: a helper alone in its session
-    competed as an equal with the session of containerd, its shims and their
+    competes as an equal with the session of containerd, its shims and their
     runtimes, whatever its own nice. So both are lowered: the process's nice (all
-    that counts without autogroup) and its autogroup's. Best effort: a kernel
-    without autogroup has no such file.
+    that counts without autogroup) and its autogroup's. Done by the spawner as the
+    helper's interpreter starts (its largest cost: ~0.5 s of CPU on an emulated
+    node), not by the helper once it has started; the launcher does it in the
+    child before its exec. Best effort: a kernel without autogroup has no such file.
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, HELPER_NICE)
+    except OSError:
+        pass
+    try:
+        with open(f"{proc}/{pid}/autogroup", "w") as f:
+            f.write(str(HELPER_NICE))
+    except OSError:
+        pass
+
+
+def step_back(
+    mountinfo: str = "/proc/self/mountinfo",
+    environ: MutableMapping[str, str] | None = None,
+    proc: str = "/proc",
+) -> list[str] | None:
+    """A detached helper's second act: away from its caller (its spawner lowered its priority:
+    :func:`lower_priority`).
 
     The caller's place is not the helper's: the runtime is started in the bundle
     directory, and a serving shim may live in a pod's cgroup (``ShimCgroup``).
@@ -145,15 +161,6 @@ def step_back(
     pod's (a sweep's service), None when they are (``kubepods``): the helper
     then says so once (:func:`note_once`).
     """
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, HELPER_NICE)
-    except OSError:
-        pass
-    try:
-        with open(autogroup, "w") as f:
-            f.write(str(HELPER_NICE))
-    except OSError:
-        pass
     os.chdir("/")
     environ = os.environ if environ is None else environ
     home = environ.pop(HOME_ENV) if HOME_ENV in environ else helper_home(os.getpid(), proc)

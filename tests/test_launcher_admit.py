@@ -14,16 +14,20 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from labkit.scenario import every_slot_taken
 from runc_guard.delete.aside import read_aside
 from runc_guard.delete.pending import record_path
+from runc_guard.overload import overload_reason
 from runc_guard.shim import startup
 from runc_guard.shim.startup import slots
+from runc_guard.spool import HELPER_NICE
 from tests.launcher import builds
 
 STRACE = shutil.which("strace")
@@ -258,6 +262,113 @@ def test_a_full_set_of_slots_marks_a_storm_for_five_seconds(node: Node, door: st
         os.utime(mark, (time.time() + offset, time.time() + offset))
         status, execs = node.delete(**extra)
         assert status == 0 and [a[0] for a in execs["main"]] == [PY], offset
+
+
+def _hold(directory: str, count: int) -> list[int]:
+    fds = [os.open(os.path.join(directory, f"slot-{i}"), os.O_RDWR | os.O_CREAT, 0o600) for i in range(count)]
+    for fd in fds:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    return fds
+
+
+@pytest.mark.parametrize("door", ["launcher", "python"])
+@pytest.mark.parametrize("cost", [b"60\n", b"62\n", b"100\n", b"7\n", b"bad\n", b"-5\n", b"1000001\n"])
+def test_the_measured_cost_bounds_the_slots_in_c_as_in_python(node: Node, door: str, cost: bytes) -> None:
+    """The path's measured CPU (overload.read_cost) gives both doors the same count: with one slot
+    fewer held the delete is admitted, with that many held it steps aside naming the count; a cost
+    that is no measurement leaves 2 x CPUs. A delete records its own cost as it ends, so each
+    delete here starts from the file as written."""
+    from runc_guard.overload import COST_FILE, read_cost
+
+    extra = {} if door == "launcher" else {"RUNC_GUARD_DELETE_TIMEOUT": "1.0"}
+    directory = os.path.join(node.cache, "startup")
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, COST_FILE)
+    with open(path, "wb") as f:
+        f.write(cost)
+    os.chmod(path, 0o600)
+    count = slots(read_cost(directory), 1.0)
+    fds = _hold(directory, count - 1)
+    try:
+        status, execs = node.delete(**extra)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert status == 0 and [a[0] for a in execs["main"]] == [PY], (cost, count, execs)
+    with open(path, "wb") as f:
+        f.write(cost)
+    fds = _hold(directory, count)
+    try:
+        status, execs = node.delete(**extra)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert status == 0 and execs["main"][-1][0] == "runtime-a" and [PY, "delete"] not in execs["main"]
+    record = node.aside()
+    assert record is not None and record["reason"] == overload_reason("slots", count)
+
+
+@contextlib.contextmanager
+def _runnable(count: int) -> Iterator[None]:
+    """``count`` busy loops: tasks the kernel counts runnable (/proc/loadavg), stopped by pid after."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        time.sleep(0.2)
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+@pytest.mark.parametrize("door", ["launcher", "python"])
+def test_a_path_too_costly_for_one_steps_aside_while_the_cpus_are_busy(node: Node, door: str) -> None:
+    """A measured cost above COST_SHARE of the node's CPU for one delete (0 slots): with more than 2
+    runnable tasks per CPU (busy loops here, a storm's shims and runtimes on a node) both doors step
+    aside, name it and mark a storm, whatever slot is free."""
+    from runc_guard.overload import COST_FILE
+
+    extra = {} if door == "launcher" else {"RUNC_GUARD_DELETE_TIMEOUT": "1.0"}
+    directory = os.path.join(node.cache, "startup")
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, COST_FILE), "wb") as f:
+        f.write(b"100000\n")
+    os.chmod(os.path.join(directory, COST_FILE), 0o600)
+    assert slots(100000, 1.0) == 0
+    with _runnable(3 * startup.cpus() + 2):
+        status, execs = node.delete(**extra)
+    assert startup.storm_marked(directory)
+    assert status == 0 and execs["main"][-1][0] == "runtime-a" and [PY, "delete"] not in execs["main"]
+    record = node.aside()
+    assert record is not None and str(record["reason"]).startswith("runc-guard's path costs more than 1/16")
+    assert "tasks were runnable (more than 2 per CPU)" in str(record["reason"]), record
+
+
+def test_a_helper_runs_below_the_runtimes_from_its_first_instruction(node: Node, tmp_path: Any) -> None:
+    """The launcher lowers a helper's nice and its session's autogroup in the child, before its exec:
+    the interpreter's start (a helper's largest cost) never competes with the storm's runtimes."""
+    log = os.path.join(str(tmp_path), "nice", "log")
+    os.makedirs(os.path.dirname(log))
+    with node.slots_taken():
+        command = [node.launcher, "--root", node.root, "delete", "--force", "c1"]
+        subprocess.run([STRACE, "-ff", "-qq", "-s", "256", "-e", "trace=execve,setpriority,openat,write",
+                        "-e", "signal=none", "-o", log, *command], env=node.env(), capture_output=True,
+                       timeout=60, check=True)
+    node.aside()  # the reporter is done
+    helpers = []
+    for name in os.listdir(os.path.dirname(log)):
+        with open(os.path.join(os.path.dirname(log), name)) as f:
+            lines = f.read().splitlines()
+        execs = [i for i, line in enumerate(lines) if line.startswith("execve(") and '"reporter"' in line]
+        if execs:
+            helpers.append(lines[:execs[0]])
+    assert len(helpers) == 1, helpers
+    before = helpers[0]
+    calls = [" ".join(line.split()) for line in before]  # strace pads before " = "
+    assert f"setpriority(PRIO_PROCESS, 0, {HELPER_NICE}) = 0" in calls, before
+    [group] = [i for i, call in enumerate(calls) if '"/proc/self/autogroup", O_WRONLY' in call]
+    fd = calls[group].rpartition("= ")[2]
+    assert f'write({fd}, "{HELPER_NICE}", 2) = 2' in calls[group:], before
 
 
 def test_a_finish_window_starts_the_finisher_unless_one_runs(node: Node) -> None:

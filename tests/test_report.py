@@ -224,7 +224,8 @@ def _reported(workdir: str) -> list[dict[str, Any]]:
 def test_a_detached_helper_runs_below_containerds_session(tmp_path: Any) -> None:
     """Reporter and finisher start a session of their own; under sched_autogroup that session
     would share the CPU as an equal of containerd's (shims and runtimes included) whatever the
-    helper's nice. step_back lowers both the helper's nice and its autogroup's, on the real kernel."""
+    helper's nice. The spawner lowers both the helper's nice and its autogroup's as its interpreter
+    starts: the helper's first statement finds them lowered, on the real kernel."""
     from labkit import prereq
     from runc_guard.delete.report import spawn_detached
     from runc_guard.spool import HELPER_NICE
@@ -233,9 +234,6 @@ def test_a_detached_helper_runs_below_containerds_session(tmp_path: Any) -> None
     out = str(tmp_path / "seen")
     program = "; ".join([
         "import os, sys",
-        "sys.path.insert(0, sys.argv[1])",
-        "from runc_guard.spool import step_back",
-        "step_back()",
         "group = open('/proc/self/autogroup').read().strip()",
         "nice = os.getpriority(os.PRIO_PROCESS, 0)",
         "open(sys.argv[2] + '.tmp', 'w').write(f'{group}|{nice}')",

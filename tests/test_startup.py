@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -42,6 +43,68 @@ def test_unusable_directory_never_blocks_a_delete(tmp_path: object) -> None:
 def test_at_least_two_slots() -> None:
     """Two per CPU this process may run on, never fewer than two."""
     assert slots() >= 2
+
+
+def test_a_costly_path_gets_fewer_slots_never_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deletes on the full path at once may cost COST_SHARE of the node's CPU over one timeout:
+    ~45 ms of CPU keeps 2 x CPUs on a 2-core node; unmeasured, 2 x CPUs as ever; an emulated CPU's
+    655 ms (the sid VM lab's, measured) is more than one may cost: 0, cpu_to_spare decides."""
+    from fractions import Fraction
+
+    from runc_guard.overload import COST_SHARE_TEXT
+    from runc_guard.shim import startup
+
+    assert Fraction(startup.COST_SHARE) == Fraction(COST_SHARE_TEXT)
+    monkeypatch.setattr(startup, "cpus", lambda: 2)
+    assert slots(None, 4.0) == 4 and slots(45, 4.0) == 4
+    assert slots(125, 4.0) == 4 and slots(126, 4.0) == 3  # 500 ms of the 8 CPU s per delete at most
+    assert slots(500, 4.0) == 1 and slots(501, 4.0) == 0 and slots(500_000, 4.0) == 0
+    monkeypatch.setattr(startup, "cpus", lambda: 1)
+    assert slots(None, 4.0) == 2 and slots(100, 4.0) == 2 and slots(250, 4.0) == 1 and slots(655, 4.0) == 0
+
+
+def test_a_costly_path_runs_alone_only_with_cpu_to_spare(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At most 2 runnable tasks per CPU (this one included) by the kernel's own count; more, or a count
+    that cannot be read, is a node without CPU to spare."""
+    from runc_guard.shim import startup
+
+    monkeypatch.setattr(startup, "cpus", lambda: 2)
+    loadavg = tmp_path / "loadavg"
+    cases = (("0.21 0.55 0.72 1/110 2211\n", 1, True), ("9.0 3.0 1.0 4/300 77\n", 4, True),
+             ("9.0 3.0 1.0 5/300 77\n", 5, False), ("9.0 3.0 1.0 x/300 77\n", None, False), ("", None, False))
+    for text, running, spare in cases:
+        loadavg.write_text(text)
+        assert startup.runnable(str(loadavg)) == running, text
+        assert startup.cpu_to_spare(running) is spare, text
+    assert startup.runnable(str(tmp_path / "absent")) is None
+    assert isinstance(startup.runnable(), int)  # the real file
+
+
+def test_the_cost_is_a_moving_measure_of_the_paths_own_cpu(tmp_path: object) -> None:
+    """Each full delete folds its CPU in (a quarter of it); a file that is not ours, not one number,
+    or out of range is no measurement."""
+    from runc_guard.overload import COST_FILE, read_cost, record_cost
+
+    directory = os.path.join(str(tmp_path), "startup")
+    assert read_cost(directory) is None
+    record_cost(directory, 0)
+    assert read_cost(directory) is None
+    record_cost(directory, 40)
+    assert read_cost(directory) == 40
+    record_cost(directory, 440)
+    assert read_cost(directory) == 140
+    path = os.path.join(directory, COST_FILE)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    for text in (b"", b"140", b"-1\n", b"0\n", b"1e3\n", b"1000001\n", b" 140\n", b"14 0\n"):
+        with open(path, "wb") as f:
+            f.write(text)
+        assert read_cost(directory) is None, text
+    with open(path, "wb") as f:
+        f.write(b"140\n")
+    os.chmod(path, 0o622)
+    assert read_cost(directory) is None  # writable by others: not a fact to admit by
 
 
 def test_delete_timeout_is_read_like_the_delete_path(tmp_path: object) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import time
 
-from runc_guard.spool import HOME_ENV, helper_home, try_lock, write_spool
+from runc_guard.spool import HOME_ENV, helper_home, lower_priority, try_lock, write_spool
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -102,7 +102,8 @@ def spawn_detached(program: str, args: list[str], lock: int) -> int:
     closed here. posix_spawn: no copy of this process and no wait for the child to
     be scheduled; in a session of its own, so a kill of containerd's shim or of our
     process group does not reach it; /dev/null for stdio, since go-runc waits
-    until the runtime's stdout/stderr pipes close.
+    until the runtime's stdout/stderr pipes close; below every runtime while its
+    interpreter starts (spool.lower_priority).
     """
     import sys
 
@@ -117,7 +118,9 @@ def spawn_detached(program: str, args: list[str], lock: int) -> int:
         actions.append((os.POSIX_SPAWN_DUP2, lock, _LOCK_FD))
         if not sys.executable:
             return 0
-        return os.posix_spawn(sys.executable, argv, environ, file_actions=actions, setsid=True)
+        pid = os.posix_spawn(sys.executable, argv, environ, file_actions=actions, setsid=True)
+        lower_priority(pid)
+        return pid
     except OSError:
         return 0
     finally:

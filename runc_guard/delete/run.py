@@ -69,6 +69,7 @@ from runc_guard.errors import (
     UnsafeCgroupPath,
 )
 from runc_guard.invocation import Invocation
+from runc_guard.overload import record_cost
 from runc_guard.procinfo import ALIVE, DEAD, SERVING_SHIM, UNKNOWN_CALLER, delete_caller, init_liveness
 from runc_guard.settings import SERVING_SHIM_DELETE_TIMEOUT, Settings, first_report
 from runc_guard.spool import spool_dir
@@ -222,6 +223,8 @@ class DeleteRun:
             return end.status
         getattr(self.log, _level(end))("delete", **entry)
         append_stats(self.settings.stats_file, end.outcome, entry, self.container_id)
+        # What the next storm's admission counts on (shim.startup.slots): this node's cost of the path.
+        record_cost(os.path.join(self.settings.cache_dir, "startup"), entry["cpu_ms"])
         return end.status
 
     # -- the delete ------------------------------------------------------------

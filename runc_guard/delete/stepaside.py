@@ -12,7 +12,7 @@ The line, tab-separated, printable ASCII, ``\\n``-terminated::
 
     runc-guard-aside 1  <wall clock ns>  <container id>  <runtime root as given>
                         <cwd when the root is relative, else empty>  <runtime path>
-                        <why: budget|storm|slots>  <ms spent | 0 | slots held>
+                        <why: budget|storm|slots|cpu>  <ms spent | 0 | slots held | runnable>
 
 A fact is read only through ``atomic.read_trusted`` (ours, writable by nobody
 else) and only in this format; anything else is reported and dropped, never
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 HEADER = "runc-guard-aside 1"
 #: The launcher's line buffer (4 x PATH_MAX).
 MAX_BYTES = 16384
-WHY = ("budget", "storm", "slots")
+WHY = ("budget", "storm", "slots", "cpu")
 _FIELDS = ("ns", "container_id", "root", "cwd", "runtime", "why", "count")
 
 

@@ -86,8 +86,8 @@ def _startup_slot(
     import time
 
     from runc_guard.deadline import MIN_BUDGET_SHARE, delete_deadline
-    from runc_guard.overload import overload_reason
-    from runc_guard.shim.startup import acquire, mark_storm, slots, storm_marked
+    from runc_guard.overload import overload_reason, read_cost
+    from runc_guard.shim.startup import acquire, cpu_to_spare, mark_storm, runnable, slots, storm_marked
 
     started = origin or time.monotonic()
     now = time.monotonic()
@@ -103,10 +103,18 @@ def _startup_slot(
             mark_storm(directory)
         _report_overloaded(invocation, settings, environ, runtime, overload_reason("storm", 0))
         return None
-    slot = acquire(directory)
+    count = slots(read_cost(directory), settings.delete_timeout)
+    if count == 0:  # one path costs too much here: alone, and only with CPU to spare
+        running = runnable()
+        if not cpu_to_spare(running):
+            mark_storm(directory)
+            _report_overloaded(invocation, settings, environ, runtime, overload_reason("cpu", running or 0))
+            return None
+        count = 1
+    slot = acquire(directory, count)
     if slot is None:
         mark_storm(directory)
-        _report_overloaded(invocation, settings, environ, runtime, overload_reason("slots", slots()))
+        _report_overloaded(invocation, settings, environ, runtime, overload_reason("slots", count))
     return slot
 
 

@@ -1,4 +1,5 @@
-"""Delete slots: in a crash storm at most ``2 x CPUs`` deletes take runc-guard's path at once.
+"""Delete slots: in a crash storm at most ``2 x CPUs`` deletes take runc-guard's path at once
+(fewer where that path's measured cost says so: :func:`slots`).
 
 Starting a delete costs ~45 ms of CPU (an interpreter, the delete path's imports,
 the runtime as a child, the cgroup reads). When a node's pods die together
@@ -67,13 +68,53 @@ def mark_storm(directory: str) -> None:
         os.close(fd)
 
 
-def slots() -> int:
-    """Deletes allowed to load at once: two per CPU this process may run on."""
+#: The share of the node's CPU over one ``delete_timeout`` that the deletes taking the full path
+#: at once may cost together. 2 x CPUs slots of a ~45 ms path stay far below it (2 % of the 2-core
+#: host's 8 CPU s at the default 4 s); an interpreter that takes 0.5 s of CPU to start (an emulated
+#: or throttled CPU) gets one delete at a time, so that a storm's runtimes keep the CPU.
+COST_SHARE = 1 / 16
+
+
+def cpus() -> int:
+    """CPUs this process may run on."""
     try:
-        cpus = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except OSError:
-        cpus = os.cpu_count() or 1
-    return max(2, 2 * cpus)
+        return os.cpu_count() or 1
+
+
+def slots(cost_ms: int | None = None, timeout: float = 0.0) -> int:
+    """Deletes allowed to load at once: two per CPU this process may run on, fewer when the
+    measured ``cost_ms`` of each would take more than COST_SHARE of the node's CPU over
+    ``timeout`` s; 0 when one alone would: then :func:`cpu_to_spare` decides."""
+    n = cpus()
+    most = max(2, 2 * n)
+    if cost_ms is None:
+        return most
+    return min(most, int(COST_SHARE * n * timeout * 1000) // cost_ms)
+
+
+#: The kernel's count of tasks runnable now (this one included): ``/proc/loadavg``'s fourth field.
+LOADAVG = "/proc/loadavg"
+
+
+def runnable(path: str = LOADAVG) -> int | None:
+    """Tasks runnable right now, node-wide (the ``R`` of ``R/T``); None when unreadable."""
+    try:
+        with open(path, "rb") as f:
+            field = f.read(256).split()[3]
+        running, _, total = field.partition(b"/")
+        return int(running) if running.isdigit() and total.isdigit() else None
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def cpu_to_spare(running: int | None) -> bool:
+    """Where one delete's path costs more than COST_SHARE (:func:`slots` 0): it is admitted alone,
+    and only while at most 2 tasks per CPU are runnable. A crash storm's shims and runtimes are
+    many more, so on such a node a storm is left to the runtimes, as without runc-guard; unknown
+    load steps aside as well."""
+    return running is not None and running <= 2 * cpus()
 
 
 def acquire(directory: str, count: int | None = None) -> int | None:
