@@ -18,7 +18,8 @@ One handler after the other, not both at once: each storm is then the only one o
 node (runc-guard's finisher waits for every dead-shim cleanup of containerd to end, stock's
 included, and one vCPU shared by two storms would measure each against the other's load),
 as bench.storm runs stock first, then runc-guard, on one containerd. Both get the same
-seeded hold delays.
+seeded hold delays, and both first run and remove one pod (a node's earlier life: what
+runc-guard's path costs here is measured by then, as on any node that ran pods).
 
 Run: ``python -m bench.vm_storm [--pods 8] [--seed S] [--settle 60] [--node sid]``.
 """
@@ -92,7 +93,8 @@ def report(args: argparse.Namespace, storms: dict[str, Any], boot_s: float) -> N
         ])  # fmt: skip
     print_table(
         f"Crash storm on the {args.node} node: {args.pods} pods per handler, one handler after the other, "
-        f"holds 0.3-3 s (seed {args.seed}), {args.settle:g} s settle, no sweep "
+        f"holds 0.3-3 s (seed {args.seed}), {args.settle:g} s settle, no sweep, "
+        f"{'runc-guard' if args.runc_guard_first else 'stock'} first "
         f"(TCG, 1 vCPU; boot {boot_s:.0f} s)",
         ["handler", "pods", "writers gone after the kills, s",
          "sandbox cleanups failed (containerd) / pods / containers the CRI still lists",
@@ -105,6 +107,9 @@ def report(args: argparse.Namespace, storms: dict[str, Any], boot_s: float) -> N
         r = storms[handler]
         kept = sum(bool(r["at_cleanup"][s]["bundle"]) for s in r["sandboxes"])
         cleanup = f"{kept} sandbox bundles still there" if kept else "no sandbox bundle left"
+        cost = r.get("path_cost_ms")
+        print(f"{handler}: a pod run and removed before (warm-up {r.get('warmup_s')} s; runc-guard's "
+              f"measured path cost then {'none' if cost is None else f'{cost} ms of CPU'})")
         print(f"{handler}: setup {r['setup_s']} s, kills within {r['kill_spread_s']} s, {cleanup} "
               f"{r['cleanup_s']} s after them, removal {r['removal_s']} s (RemoveContainer attempts "
               f"{r['rm_attempts']})")  # fmt: skip
@@ -119,6 +124,8 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=8, help="per handler: deletes at once")
     parser.add_argument("--seed", type=int, default=None, help="the holds' delays (random when omitted)")
     parser.add_argument("--settle", type=float, default=60.0, help="s after kubelet's removal, no sweep")
+    parser.add_argument("--runc-guard-first", action="store_true",
+                        help="run runc-guard's storm first, then stock's (the order's own effect)")
     parser.add_argument("--node", choices=vm.NODES, default=vm.SID,
                         help="sid: containerd 2.1.9 + runc 1.3.6 as Debian installs them (stock / runc)")
     args = vm_bench_args(parser)
@@ -131,7 +138,8 @@ def main() -> None:
         setup: dict[str, Any] = node.guest("setup.py", timeout=600)
         print(f"{setup.get('containerd_version')} configured in {time.monotonic() - t:.0f} s", flush=True)
         storms: dict[str, Any] = node.guest(
-            "scenarios.py", "storm", ",".join(HANDLERS), str(args.pods), str(args.seed), str(args.settle),
+            "scenarios.py", "storm", ",".join(HANDLERS[::-1] if args.runc_guard_first else HANDLERS),
+            str(args.pods), str(args.seed), str(args.settle),
             timeout=3600,
         )  # fmt: skip
         boot_s = node.boot_s

@@ -803,6 +803,32 @@ def kill_and_release(members: list[StormPod], delays: list[float]) -> tuple[floa
     return killed, {"kill_spread_s": round(spread, 3), "cpu_5s": cpu}
 
 
+def node_before_the_storm(handler: str) -> None:
+    """A node's earlier life: one pod run and removed through ``handler``, as kubelet does.
+
+    A node that has run pods before its storm has deleted containers through runc-guard's
+    full path before, and measured what that path costs here (shim.startup.slots reads it);
+    a storm on a freshly booted node with no delete behind it would be no node's storm.
+    The same for both handlers, so each storm starts from the same point.
+    """
+    pod = Pod(handler, "container")
+    try:
+        cid = pod.create(["/bin/sh", "-c", "sleep 1000 & sleep 1000 & wait"], name="before")
+        attempt(cri().stop_container, cid, 0)
+        attempt(cri().remove_container, cid)
+    finally:
+        pod.remove()
+
+
+def path_cost() -> int | None:
+    """runc-guard's measured CPU per full-path delete on this node (overload.read_cost), if any."""
+    try:
+        with open("/run/runc-guard/startup/cost") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
 def storm(handler: str, pods: int, seed: int, settle: float) -> dict[str, Any]:
     """``pods`` pods through ``handler``, every container's init and every shim SIGKILLed at once.
 
@@ -815,6 +841,9 @@ def storm(handler: str, pods: int, seed: int, settle: float) -> dict[str, Any]:
 
     rng = random.Random(seed)
     delays = [round(rng.uniform(*STORM_HOLDS), 2) for _ in range(pods)]
+    warmup = time.monotonic()
+    node_before_the_storm(handler)
+    warmup_s = time.monotonic() - warmup
     started = time.monotonic()
     members: list[StormPod] = []
     removed = False
@@ -844,6 +873,7 @@ def storm(handler: str, pods: int, seed: int, settle: float) -> dict[str, Any]:
         said = containerd_lines(wall, ids + sandboxes)
         return {
             "scenario": "storm", "handler": handler, "pods": pods, "seed": seed, "delays": delays,
+            "warmup_s": round(warmup_s, 1), "path_cost_ms": path_cost(),
             "setup_s": round(setup_s, 1), **kills, "held_s": [m.gone_s for m in members],
             "cleanup_s": round(cleanup_s, 1), "removal_s": round(removal_s, 1), "settle_s": settle,
             "sandboxes": sandboxes, "ids": ids, "rm_attempts": rm,
