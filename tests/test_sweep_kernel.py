@@ -350,17 +350,30 @@ def test_sweep_reclaims_a_leaked_memcg_before_its_rmdir(trees: Trees, tmp_path: 
     cid = new_id()
     trees.make(f"{pod}/{cid}")
     leaked = os.path.join(trees.top(memory), pod, cid)
-    # Written and out of the page cache before the container reads it: its memcg is charged clean data
-    # pages only. Written from inside, it would also be charged the ext4 metadata its allocation
-    # dirtied, which the journal keeps dirty (and active after an fsync) for as long as it likes: pages
-    # the sweep rightly leaves, as the kernel decides, not the sweep.
+    # The memcg is charged the file's clean data pages and nothing else the sweep cannot decide on:
+    # written and dropped from the page cache before, so that no ext4 metadata its allocation dirtied
+    # (the journal's to clean, when it likes) is charged here; read by a fork of this process, so that
+    # no program or library page a fresh exec would fault in (mapped by every live process, which the
+    # kernel rightly keeps) is charged here either.
     volume = tmp_path / "volume.log"
     with open(volume, "wb") as f:
         f.write(os.urandom(1 << 20))
         f.flush()
         os.fsync(f.fileno())
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-    subprocess.run(["sh", "-c", f"echo $$ > {leaked}/cgroup.procs; cat {volume} > /dev/null"], check=True)
+    procs = os.open(os.path.join(leaked, "cgroup.procs"), os.O_WRONLY)
+    data = os.open(volume, os.O_RDONLY)
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child only moves itself and reads
+        try:
+            os.write(procs, b"0")
+            while os.read(data, 1 << 16):
+                pass
+        finally:
+            os._exit(0)
+    os.close(procs)
+    os.close(data)
+    assert os.waitpid(child, 0)[1] == 0
     os.utime(leaked, (time.time() - 3600, time.time() - 3600))
     pod_dir = os.path.join(trees.top(memory), pod)
 

@@ -424,10 +424,15 @@ class Sweeper:
         report.duration = round(self.clock() - started, 3)
         return report
 
-    def _note(self, report: SweepReport, unit: ContainerUnit, action: str, dirs: int) -> None:
-        report.containers.append(
-            {"id": unit.container_id, "pod": unit.pod, "dirs": dirs, "action": action}
-        )
+    def _note(
+        self, report: SweepReport, unit: ContainerUnit, action: str, dirs: int,
+        unreclaimed: dict[str, str] | None = None,
+    ) -> None:
+        """One line per container; ``unreclaimed``: each memcg removed with pages charged, and why."""
+        note: dict[str, object] = {"id": unit.container_id, "pod": unit.pod, "dirs": dirs, "action": action}
+        if unreclaimed:
+            note["memcg_left"] = dict(unreclaimed)
+        report.containers.append(note)
 
     def _settle(self, report: SweepReport, unit: ContainerUnit, verdict: Verdict, dirs: int) -> None:
         """Account for a unit that is not removed; a record whose dirs are all gone is done."""
@@ -489,7 +494,7 @@ class Sweeper:
         if unit.record is not None:
             remove_record(unit.record)
             report.records_cleared += 1
-        self._note(report, unit, "removed", len(cleanup.removed))
+        self._note(report, unit, "removed", len(cleanup.removed), cleanup.unreclaimed)
         for scope in scopes:
             self._finish_scope(unit, scope, report)
 
