@@ -71,14 +71,19 @@ def read_cost(directory: str) -> int | None:
 
 
 def record_cost(directory: str, cpu_ms: int) -> None:
-    """Fold one full-path delete's own CPU into the node's measure: a quarter of the new one."""
+    """Fold one full-path delete's own CPU into the node's measure: a quarter of the new one.
+
+    On every delete's reply path, so written only when the measure moves by more than an
+    eighth (the admission compares it at a 1/16 share; a few percent change no count):
+    most deletes only read it.
+    """
     from runc_guard.atomic import write_atomic
 
     if cpu_ms <= 0:
         return
     old = read_cost(directory)
     cost = min(COST_MAX_MS, cpu_ms if old is None else (3 * old + cpu_ms + 2) // 4)
-    if cost == old:
+    if old is not None and abs(cost - old) * 8 <= old:
         return
     try:
         write_atomic(os.path.join(directory, COST_FILE), b"%d\n" % cost, 0o600, durable=False, dir_mode=0o700)

@@ -83,8 +83,8 @@ def test_a_costly_path_runs_alone_only_with_cpu_to_spare(
 
 
 def test_the_cost_is_a_moving_measure_of_the_paths_own_cpu(tmp_path: object) -> None:
-    """Each full delete folds its CPU in (a quarter of it); a file that is not ours, not one number,
-    or out of range is no measurement."""
+    """Each full delete folds its CPU in (a quarter of it), written when the measure moves by more
+    than an eighth; a file that is not ours, not one number, or out of range is no measurement."""
     from runc_guard.overload import COST_FILE, read_cost, record_cost
 
     directory = os.path.join(str(tmp_path), "startup")
@@ -95,6 +95,10 @@ def test_the_cost_is_a_moving_measure_of_the_paths_own_cpu(tmp_path: object) -> 
     assert read_cost(directory) == 40
     record_cost(directory, 440)
     assert read_cost(directory) == 140
+    record_cost(directory, 180)  # 150: within an eighth, not written (most deletes only read it)
+    assert read_cost(directory) == 140
+    record_cost(directory, 300)  # 180: written
+    assert read_cost(directory) == 180
     path = os.path.join(directory, COST_FILE)
     assert os.stat(path).st_mode & 0o777 == 0o600
     for text in (b"", b"140", b"-1\n", b"0\n", b"1e3\n", b"1000001\n", b" 140\n", b"14 0\n"):

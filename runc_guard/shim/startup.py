@@ -70,8 +70,9 @@ def mark_storm(directory: str) -> None:
 
 #: The share of the node's CPU over one ``delete_timeout`` that the deletes taking the full path
 #: at once may cost together. 2 x CPUs slots of a ~45 ms path stay far below it (2 % of the 2-core
-#: host's 8 CPU s at the default 4 s); an interpreter that takes 0.5 s of CPU to start (an emulated
-#: or throttled CPU) gets one delete at a time, so that a storm's runtimes keep the CPU.
+#: host's 8 CPU s at the default 4 s); a path that takes 0.4-0.65 s of CPU (an interpreter on an
+#: emulated or throttled CPU) gets none beside another: one alone, with CPU to spare (:func:`cpu_to_spare`),
+#: so that a storm's runtimes keep the CPU.
 COST_SHARE = 1 / 16
 
 
