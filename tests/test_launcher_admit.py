@@ -328,20 +328,25 @@ def test_a_path_too_costly_for_one_steps_aside_while_the_cpus_are_busy(node: Nod
     aside, name it and mark a storm, whatever slot is free."""
     from runc_guard.overload import COST_FILE
 
-    extra = {} if door == "launcher" else {"RUNC_GUARD_DELETE_TIMEOUT": "1.0"}
+    # A 4 s deadline: under the busy loops (and a loaded CI machine) the launcher's start must not use
+    # up a quarter of it, which steps aside for the budget instead (test_too_little_budget_left...).
+    node.settings(delete_timeout=4.0)
+    extra = {} if door == "launcher" else {"RUNC_GUARD_DELETE_TIMEOUT": "4.0"}
     directory = os.path.join(node.cache, "startup")
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, COST_FILE), "wb") as f:
         f.write(b"100000\n")
     os.chmod(os.path.join(directory, COST_FILE), 0o600)
-    assert slots(100000, 1.0) == 0
+    assert slots(100000, 4.0) == 0
+    before = time.time()
     with _runnable(3 * startup.cpus() + 2):
         status, execs = node.delete(**extra)
-    assert startup.storm_marked(directory)
     assert status == 0 and execs["main"][-1][0] == "runtime-a" and [PY, "delete"] not in execs["main"]
     record = node.aside()
-    assert record is not None and str(record["reason"]).startswith("runc-guard's path costs more than 1/16")
+    assert record is not None
+    assert str(record["reason"]).startswith("runc-guard's path costs more than 1/16"), record
     assert "tasks were runnable (more than 2 per CPU)" in str(record["reason"]), record
+    assert os.stat(os.path.join(directory, startup.STORM_MARK)).st_mtime >= before - 1  # a storm marked
 
 
 def test_a_helper_runs_below_the_runtimes_from_its_first_instruction(node: Node, tmp_path: Any) -> None:
