@@ -98,7 +98,8 @@
 #define FINISHER_LOCK "finisher.lock"
 /* runc_guard/spool.py HELPER_NICE */
 #define HELPER_NICE 19
-#define HELPER_NICE_TEXT "19"
+#define TEXT_OF(x) #x
+#define TEXT(x) TEXT_OF(x)
 #define REPORTER_LOCK ".reporter.lock"
 
 extern char **environ;
@@ -928,7 +929,8 @@ static long runnable_now(void)
 	if (read_small("/proc/loadavg", buf, sizeof(buf)) < 0)
 		return -1;
 	for (field = buf, i = 0; i < 3 && field; i++)
-		field = strchr(field, ' ') ? strchr(field, ' ') + 1 : NULL;
+		if ((field = strchr(field, ' ')) != NULL)
+			field++;
 	if (field == NULL || *field < '0' || *field > '9')
 		return -1;
 	errno = 0;
@@ -1058,7 +1060,7 @@ static void lower_priority(void)
 	(void)setpriority(PRIO_PROCESS, 0, HELPER_NICE);
 	fd = open("/proc/self/autogroup", O_WRONLY | O_CLOEXEC);
 	if (fd >= 0) {
-		(void)!write(fd, HELPER_NICE_TEXT, sizeof(HELPER_NICE_TEXT) - 1);
+		(void)!write(fd, TEXT(HELPER_NICE), sizeof(TEXT(HELPER_NICE)) - 1);
 		close(fd);
 	}
 }

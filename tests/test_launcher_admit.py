@@ -493,6 +493,17 @@ def test_the_c_constants_are_the_python_ones() -> None:
     assert defined["CROWDED_DIR_BYTES"].strip() == f"({bounds.CROWDED_DIR_BYTES >> 10} << 10)"
     assert defined["FINISHER_LOCK"].strip() == f"\"{report.FINISHER_LOCK}\""
     assert defined["REPORTER_LOCK"].strip() == f"\"{LOCK}\""
+    # ... the path's measured cost (overload.read_cost, startup.slots) and the helpers' nice
+    from fractions import Fraction
+
+    from runc_guard import overload
+    from runc_guard.spool import HELPER_NICE
+
+    assert defined["COST_FILE"].strip() == f"\"{overload.COST_FILE}\""
+    assert int(defined["COST_MAX_MS"]) == overload.COST_MAX_MS
+    assert defined["COST_SHARE"].strip() == f"(1.0 / {Fraction(startup.COST_SHARE).denominator})"
+    assert Fraction(startup.COST_SHARE).numerator == 1
+    assert int(defined["HELPER_NICE"]) == HELPER_NICE
     # ... and the caller roles the hand-over names, which the shim restates to stay light
     from runc_guard import procinfo
     from runc_guard.shim.entry import CALLERS
