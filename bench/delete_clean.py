@@ -33,6 +33,7 @@ from bench.common import (
     balanced_order,
     interleaved,
     median_ms,
+    own_cache,
     percentile_ms,
     print_table,
     reap_orphans,
@@ -154,7 +155,7 @@ def delete_rounds(rounds: int, binaries: dict[str, str], workdir: str,
             subreaper(True)
             run = run_like_go_runc([binaries[name], "--root", containers.root, "--log",
                                     os.path.join(workdir, f"{cid}.log.json"), "--log-format", "json",
-                                    "delete", "--force", cid], env)
+                                    "delete", "--force", cid], own_cache(env, workdir, name))
             subreaper(False)
             if isolated:
                 count, cpu = reap_orphans()

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 
-from bench.common import interleaved, median_ms, print_table
+from bench.common import interleaved, median_ms, own_cache, print_table
 from labkit.kernel import RuncContainer
 
 COMMANDS: dict[str, Callable[[RuncContainer], list[str]]] = {
@@ -73,7 +73,8 @@ def main() -> int:
                     candidates[f"bare:{python}"] = [python, "-c", "pass"]
                 for shim_name, (shim, _python) in builds.items():
                     candidates[f"guard:{shim_name}"] = [shim, *tail]
-                samples = interleaved(candidates, args.rounds, env)
+                envs = {f"guard:{n}": own_cache(env, workdir, n) for n in builds}
+                samples = interleaved(candidates, args.rounds, env, envs)
                 plain = median_ms(samples["runc"])
                 for shim_name, (_shim, python) in builds.items():
                     bare = median_ms(samples[f"bare:{python}"])
