@@ -452,27 +452,19 @@ static int parse_seconds(const char *s, double *out)
 	return errno == 0 && *end == '\0' && *out >= 0 && *out < 1e9 ? 0 : -1;
 }
 
-/* The file line: "file\t<dev> <ino> <size> <mtime_ns> <ctime_ns>" equal to `st`? */
-static int same_identity(char *value, const struct stat *st)
+/* The file line: "file\t<dev> <ino> <size> <mtime_ns> <ctime_ns>" equal to `st`? (routes.py
+ * writes it in an owner-only file: a loose spelling can only miss, never match another file.) */
+static int same_identity(const char *value, const struct stat *st)
 {
-	unsigned long long want[5], got[5];
-	char *word, *save = NULL, *end;
-	int i = 0;
+	unsigned long long want[5];
+	int end = 0;
 
-	got[0] = (unsigned long long)st->st_dev;
-	got[1] = (unsigned long long)st->st_ino;
-	got[2] = (unsigned long long)st->st_size;
-	got[3] = (unsigned long long)st->st_mtim.tv_sec * 1000000000ULL + (unsigned long long)st->st_mtim.tv_nsec;
-	got[4] = (unsigned long long)st->st_ctim.tv_sec * 1000000000ULL + (unsigned long long)st->st_ctim.tv_nsec;
-	for (word = strtok_r(value, " ", &save); word; word = strtok_r(NULL, " ", &save), i++) {
-		if (i == 5 || *word < '0' || *word > '9')
-			return 0;
-		errno = 0;
-		want[i] = strtoull(word, &end, 10);
-		if (errno != 0 || *end != '\0')
-			return 0;
-	}
-	return i == 5 && memcmp(want, got, sizeof(want)) == 0;
+#define NS(t) ((unsigned long long)(t).tv_sec * 1000000000ULL + (unsigned long long)(t).tv_nsec)
+	return sscanf(value, "%llu %llu %llu %llu %llu%n", &want[0], &want[1], &want[2], &want[3], &want[4],
+		      &end) == 5 && value[end] == '\0' && want[0] == (unsigned long long)st->st_dev &&
+	       want[1] == (unsigned long long)st->st_ino && want[2] == (unsigned long long)st->st_size &&
+	       want[3] == NS(st->st_mtim) && want[4] == NS(st->st_ctim);
+#undef NS
 }
 
 /* The whole of `fd` into buf (at most size bytes); its length, or -1 on a read error. */
@@ -584,67 +576,25 @@ static const char *runtime_for(const struct routes *r, const char *invoked)
 	return default_name(invoked) ? r->runtime : NULL;
 }
 
-/* ---- the settings' environment overrides (settings.py: a variable wins over the file) ---- */
-
-/* Is a RUNC_GUARD_* variable that names the runtime set (names: settings.py Settings._compared)? */
-static int runtime_variable(void)
-{
-	for (char **e = environ; *e; e++) /* set at all, "" included */
-		if (strncmp(*e, "RUNC_GUARD_RUNTIME=", 19) == 0 || strncmp(*e, "RUNC_GUARD_RUNTIMES=", 20) == 0)
-			return 1;
-	return 0;
-}
-
-/* Case-insensitive ASCII equality: Python's value.lower() maps no other character to these. */
-static int lower_is(const char *v, const char *want)
-{
-	for (; *v && *want; v++, want++) {
-		char c = *v >= 'A' && *v <= 'Z' ? (char)(*v - 'A' + 'a') : *v;
-		if (c != *want)
-			return 0;
-	}
-	return *v == *want;
-}
+/* ---- the settings' environment variables (settings.py: a variable wins over the file) ---- */
 
 /*
- * RUNC_GUARD_PENDING_DIR and RUNC_GUARD_LOG_LEVEL win over the file, as in settings.py,
- * where they decide whether a delete is known. -1: a value settings.py would refuse (and so
- * keep the file's): the Python entry decides.
+ * Is RUNC_GUARD_<name> set ("" included) for a name in `names`, or, with `names` NULL, for any
+ * name but the three that locate the files? The launcher parses no such value: where one may
+ * bear on the call, the Python entry, which parses them, decides.
  */
-static int delete_variables(struct routes *r)
+static int settings_variable(const char *const *names)
 {
-	static const char *const levels[] = {"info", "warning", "error", NULL};
-	const char *pending = env_value("RUNC_GUARD_PENDING_DIR="), *level = env_value("RUNC_GUARD_LOG_LEVEL=");
-	int known = 0;
+	static const char *const located[] = {"CONFIG", "STATE_DIR", "CACHE_DIR", NULL};
+	const char *name, *eq;
 
-	if (pending) {
-		if (pending[0] != '/')
-			return -1;
-		r->pending_dir = pending;
-	}
-	if (level) {
-		for (int i = 0; levels[i]; i++)
-			known |= lower_is(level, levels[i]);
-		if (!known && !lower_is(level, "debug"))
-			return -1;
-		r->debug = !known;
-	}
-	return 0;
-}
-
-/*
- * Does a RUNC_GUARD_* variable change a setting the admission reads? Then the Python entry
- * admits the delete: the launcher never parses a setting the way settings.py might not.
- */
-static int admission_variable(void)
-{
-	static const char *const names[] = {"RUNC_GUARD_DELETE_TIMEOUT=", "RUNC_GUARD_FINISH_WINDOW=",
-					    "RUNC_GUARD_REPORTER_LINGER=", "RUNC_GUARD_JOURNAL_SOCKET=",
-					    "RUNC_GUARD_LOG_FILE=", "RUNC_GUARD_LOG_LEVEL=", NULL};
-
-	for (int i = 0; names[i]; i++)
-		if (env_value(names[i]) != NULL)
+	for (char **e = environ; *e; e++) {
+		if (strncmp(*e, "RUNC_GUARD_", 11) != 0 || (eq = strchr(*e, '=')) == NULL)
+			continue;
+		name = *e + 11;
+		if (names ? in_list(names, name, (size_t)(eq - name)) : !in_list(located, name, (size_t)(eq - name)))
 			return 1;
+	}
 	return 0;
 }
 
@@ -763,28 +713,16 @@ static ssize_t read_small(const char *path, char *buf, size_t size)
 	return total;
 }
 
-/* The start time (clock ticks since boot) of /proc/<pid>/stat: field 22, counted after the ")". */
+/* The start time (clock ticks since boot) of /proc/<pid>/stat: field 22, the 20th after the ")". */
 static int start_ticks(const char *pid, unsigned long long *out)
 {
-	char path[64], buf[4096], *p, *end;
-	int field;
+	char path[64], buf[4096], *p;
 
 	snprintf(path, sizeof(path), "/proc/%s/stat", pid);
 	if (read_small(path, buf, sizeof(buf)) < 0 || (p = strrchr(buf, ')')) == NULL)
 		return -1;
-	for (field = 0, p++; field < 20; field++) { /* state is field 0 after ")", starttime 19 */
-		while (*p == ' ')
-			p++;
-		if (*p == '\0')
-			return -1;
-		if (field == 19)
-			break;
-		while (*p && *p != ' ')
-			p++;
-	}
-	errno = 0;
-	*out = strtoull(p, &end, 10);
-	return errno == 0 && end != p ? 0 : -1;
+	return sscanf(p + 1, "%*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %llu",
+		      out) == 1 ? 0 : -1;
 }
 
 /* procinfo.started_monotonic: when `pid` started, on CLOCK_MONOTONIC; -1 when unreadable. */
@@ -1140,9 +1078,9 @@ static int aside_crowded(const char *cache)
  * A known container's delete: the start-up admission, as shim/entry.py _startup_slot decides
  * it (startup.py's constants, the same clocks). Admitted: the Python entry loads the delete
  * path with the slot and the budget's origin handed over. Too little budget left, a storm
- * marked, or every slot held: step aside. Whatever the Python entry would write differently
- * (a RUNC_GUARD_* variable the admission reads, a root, cwd or runtime path that is not
- * printable ASCII, an aside directory to prune): it decides everything itself.
+ * marked, or every slot held: step aside. Whatever the Python entry would do differently (a
+ * RUNC_GUARD_* variable, a root, cwd or runtime path that is not printable ASCII, an aside
+ * directory to prune): it decides everything itself.
  */
 __attribute__((noreturn)) static void interpose(const struct invocation *inv, const struct routes *r,
 						const char *runtime)
@@ -1155,7 +1093,7 @@ __attribute__((noreturn)) static void interpose(const struct invocation *inv, co
 
 	cache = cache ? cache : DEFAULT_CACHE_DIR;
 	/* <id>@<12 hex digits>.json (pending.record_path) longer than a file name: no record to write */
-	if (strlen(inv->container_id) + 18 > NAME_MAX || admission_variable() || !plain(root) ||
+	if (strlen(inv->container_id) + 18 > NAME_MAX || settings_variable(NULL) || !plain(root) ||
 	    !plain(runtime) || !plain(cache) || aside_crowded(cache) ||
 	    (root[0] != '/' && (getcwd(cwd, sizeof(cwd)) == NULL || !plain(cwd))) ||
 	    (size_t)snprintf(startup, sizeof(startup), "%s/startup", cache) >= sizeof(startup) ||
@@ -1229,8 +1167,11 @@ int main(int argc, char **argv)
 	call.self_path = self_path;
 
 	parse(argv + 1, &inv);
-	if (runtime_variable())
+	if (settings_variable((const char *const[]){"RUNTIME", "RUNTIMES", NULL}))
 		to_python(EXIT_CONFIG, "RUNC_GUARD_RUNTIME(S) routes this call", "");
+	/* a delete's: whether the container is known (pending_dir; debug makes every delete known) */
+	if (inv.is_delete && settings_variable((const char *const[]){"PENDING_DIR", "LOG_LEVEL", NULL}))
+		to_python(EXIT_CONFIG, "a RUNC_GUARD_* variable bears on this delete", "");
 	config = env_value("RUNC_GUARD_CONFIG=");
 	config = config ? config : DEFAULT_CONFIG;
 	state_dir = env_value("RUNC_GUARD_STATE_DIR=");
@@ -1257,8 +1198,6 @@ int main(int argc, char **argv)
 		to_python(EXIT_CONFIG, "an invoked name the routing does not map", "");
 	if (resolve_runtime(runtime, &self, runtime_path, sizeof(runtime_path)) != 0)
 		to_python(EXIT_RUNTIME_UNAVAILABLE, "the runtime cannot be found", "");
-	if (inv.is_delete && delete_variables(&routes) != 0)
-		to_python(EXIT_CONFIG, "a RUNC_GUARD_* variable settings.py refuses", "");
 	if (inv.is_delete && known_to_anyone(&inv, &routes)) {
 		if (!from_file) /* the defaults carry no admission settings: the Python entry admits */
 			to_python(EXIT_RUNTIME_UNAVAILABLE, "a delete to interpose", "");

@@ -218,15 +218,17 @@ def test_settings_edit_takes_effect_on_the_next_call(node: Node) -> None:
         ({"RUNC_GUARD_LOG_LEVEL": "Debug"}, ["delete", "c1"], True),
         ({"RUNC_GUARD_LOG_LEVEL": "loud"}, ["delete", "c1"], True),
         ({"RUNC_GUARD_PENDING_DIR": "/elsewhere", "RUNC_GUARD_LOG_LEVEL": "WARNING"}, ["delete", "c1"],
-         False),
+         True),
+        ({"RUNC_GUARD_LOG_LEVEL": ""}, ["delete", "c1"], True),
         ({"RUNC_GUARD_PENDING_DIR": "relative/pending"}, ["state", "c1"], False),
         ({"RUNC_GUARD_DELETE_TIMEOUT": "3", "RUNC_GUARD_TEST_RUNTIMES": "/x"}, ["delete", "c1"], False),
+        ({"RUNC_GUARD_RUNTIMESX": "/x", "RUNC_GUARD_RUNTIM": "/x"}, ["state", "c1"], False),
     ],
 )
 def test_routing_variables(node: Node, variables: dict[str, str], args: list[str], routes: bool) -> None:
-    """RUNC_GUARD_RUNTIME(S), or a delete's pending dir or log level that settings.py would refuse or
-    that makes every delete known (debug): the Python entry decides. Valid ones the launcher applies
-    itself; the rest do not route."""
+    """RUNC_GUARD_RUNTIME(S) on any call; on a delete, the pending dir or log level, which decide
+    whether the container is known: the Python entry, which parses them, decides. The launcher
+    parses none. Other variables do not route an unknown container's delete."""
     warm(node)
     values = {k: node.runtime(v) if k == "RUNC_GUARD_RUNTIME" else v for k, v in variables.items()}
     if "RUNC_GUARD_RUNTIMES" in values:

@@ -411,12 +411,14 @@ def test_too_little_budget_left_steps_aside_at_once(node: Node) -> None:
 
 @pytest.mark.parametrize("variable", ["RUNC_GUARD_DELETE_TIMEOUT", "RUNC_GUARD_FINISH_WINDOW",
                                       "RUNC_GUARD_REPORTER_LINGER", "RUNC_GUARD_LOG_FILE",
-                                      "RUNC_GUARD_JOURNAL_SOCKET", "RUNC_GUARD_LOG_LEVEL"])
-def test_a_variable_the_admission_reads_leaves_it_to_python(node: Node, variable: str) -> None:
-    """settings.py lets the variable win over the file; the launcher never parses it: the Python entry
+                                      "RUNC_GUARD_JOURNAL_SOCKET", "RUNC_GUARD_LOG_LEVEL",
+                                      "RUNC_GUARD_STATS_FILE", "RUNC_GUARD_NOT_A_SETTING"])
+def test_a_settings_variable_leaves_the_delete_to_python(node: Node, variable: str) -> None:
+    """settings.py lets the variable win over the file; the launcher parses none: the Python entry
     admits (and, with every slot taken, steps aside itself)."""
     value = {"RUNC_GUARD_LOG_LEVEL": "info", "RUNC_GUARD_LOG_FILE": node.events,
-             "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(node.tmp, "no-journald")}.get(variable, "0.5")
+             "RUNC_GUARD_JOURNAL_SOCKET": os.path.join(node.tmp, "no-journald"),
+             "RUNC_GUARD_STATS_FILE": os.path.join(node.tmp, "stats.jsonl")}.get(variable, "0.5")
     with node.slots_taken():
         status, execs = node.delete(**{variable: value})
     assert status == 0
