@@ -467,19 +467,32 @@ static int same_identity(const char *value, const struct stat *st)
 #undef NS
 }
 
-/* The whole of `fd` into buf (at most size bytes); its length, or -1 on a read error. */
-static ssize_t read_all(int fd, char *buf, size_t size)
+/*
+ * The whole of `name` (relative to `dirfd`) into buf, NUL-terminated: its length, or -1 when it
+ * cannot be opened or read, or may be cut (it filled buf). `ours`: only a regular file, never
+ * through a symlink, that is trusted -- what may route or admit a call.
+ */
+static ssize_t read_file(int dirfd, const char *name, int ours, char *buf, size_t size)
 {
+	struct stat st;
 	size_t total = 0;
-	ssize_t got;
+	ssize_t got = 0;
+	int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | (ours ? O_NOFOLLOW : 0));
 
-	while (total < size && (got = read(fd, buf + total, size - total)) != 0) {
-		if (got < 0 && errno == EINTR)
-			continue;
-		if (got < 0)
-			return -1;
-		total += (size_t)got;
+	if (fd < 0) /* ENOENT; ELOOP: a symlink is never ours */
+		return -1;
+	if (ours && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || !trusted(&st)))
+		got = -1;
+	while (got >= 0 && total < size - 1 && (got = read(fd, buf + total, size - 1 - total)) != 0) {
+		if (got > 0)
+			total += (size_t)got;
+		else if (errno == EINTR)
+			got = 0;
 	}
+	close(fd);
+	if (got < 0 || total == size - 1)
+		return -1;
+	buf[total] = '\0';
 	return (ssize_t)total;
 }
 
@@ -492,9 +505,9 @@ static int read_routes(const char *state_dir, const char *config, const struct s
 		       size_t size, struct routes *r)
 {
 	char name[NAME_MAX + 1], *cur = buf, *end, *line, *v, *tab;
-	struct stat dst, fst;
+	struct stat dst;
 	ssize_t total;
-	int dfd, fd, n;
+	int dfd, n;
 
 	n = snprintf(name, sizeof(name), "routes%s", config);
 	if (n < 0 || (size_t)n >= sizeof(name))
@@ -505,21 +518,9 @@ static int read_routes(const char *state_dir, const char *config, const struct s
 	dfd = open(state_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dfd < 0) /* ENOENT: never written (a fresh node, a wiped /var/lib) */
 		return -1;
-	if (fstat(dfd, &dst) != 0 || !trusted(&dst)) {
-		close(dfd);
-		return -1;
-	}
-	fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	total = fstat(dfd, &dst) == 0 && trusted(&dst) ? read_file(dfd, name, 1, buf, size) : -1;
 	close(dfd);
-	if (fd < 0) /* ENOENT, or ELOOP: a symlink is never ours */
-		return -1;
-	if (fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode) || !trusted(&fst)) {
-		close(fd);
-		return -1;
-	}
-	total = read_all(fd, buf, size);
-	close(fd);
-	if (total <= 0 || (size_t)total >= size || memchr(buf, '\0', (size_t)total) != NULL)
+	if (total <= 0 || strlen(buf) != (size_t)total)
 		return -1; /* unreadable, empty, over-long, or not text */
 	end = buf + total;
 	memset(r, 0, sizeof(*r));
@@ -697,29 +698,13 @@ static double clock_s(clockid_t id)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* A whole small file into buf, NUL-terminated; its length, or -1 when unreadable or maybe cut. */
-static ssize_t read_small(const char *path, char *buf, size_t size)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	ssize_t total;
-
-	if (fd < 0)
-		return -1;
-	total = read_all(fd, buf, size - 1);
-	close(fd);
-	if (total < 0 || (size_t)total == size - 1)
-		return -1; /* full: maybe truncated, not a fact */
-	buf[total] = '\0';
-	return total;
-}
-
 /* The start time (clock ticks since boot) of /proc/<pid>/stat: field 22, the 20th after the ")". */
 static int start_ticks(const char *pid, unsigned long long *out)
 {
 	char path[64], buf[4096], *p;
 
 	snprintf(path, sizeof(path), "/proc/%s/stat", pid);
-	if (read_small(path, buf, sizeof(buf)) < 0 || (p = strrchr(buf, ')')) == NULL)
+	if (read_file(AT_FDCWD, path, 0, buf, sizeof(buf)) < 0 || (p = strrchr(buf, ')')) == NULL)
 		return -1;
 	return sscanf(p + 1, "%*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %llu",
 		      out) == 1 ? 0 : -1;
@@ -775,7 +760,7 @@ static const char *delete_caller(double *origin)
 
 	*origin = started_monotonic("self");
 	snprintf(parent, sizeof(parent), "/proc/%d/cmdline", (int)getppid());
-	len = read_small(parent, cmdline, sizeof(cmdline));
+	len = read_file(AT_FDCWD, parent, 0, cmdline, sizeof(cmdline));
 	if (len < 0)
 		return "unknown";
 	role = shim_role(cmdline, (size_t)len);
@@ -790,30 +775,21 @@ static const char *delete_caller(double *origin)
 
 /* ---- the start-up slots and the storm mark (runc_guard/shim/startup.py) ------------------- */
 
-/* mkdir -p with mode 0700 for every level it creates; 0 when `path` is a directory after. */
-static int make_dirs(const char *path)
+/* `path` (<cache>/startup, <cache>/spool) a directory, it and its parent made 0700 if missing. */
+static int make_dir(const char *path)
 {
-	char buf[PATH_MAX];
+	char parent[PATH_MAX];
+	const char *slash = strrchr(path, '/');
 	struct stat st;
-	size_t n = strlen(path);
 
-	if (n == 0 || n >= sizeof(buf))
-		return -1;
 	if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-		return 0; /* the common case: one stat, not a mkdir per level */
-	memcpy(buf, path, n + 1);
-	for (char *p = buf + 1;; p++) {
-		if (*p != '/' && *p != '\0')
-			continue;
-		char was = *p;
-		*p = '\0';
-		if (mkdir(buf, 0700) != 0 && errno != EEXIST)
-			return -1;
-		*p = was;
-		if (was == '\0')
-			break;
-	}
-	return stat(buf, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
+		return 0; /* the common case: one stat */
+	if (slash != NULL && (size_t)snprintf(parent, sizeof(parent), "%.*s", (int)(slash - path), path) <
+				     sizeof(parent))
+		(void)mkdir(parent, 0700); /* EEXIST; ENOENT: a level above missing, left to the Python entry */
+	if (mkdir(path, 0700) != 0 && errno != EEXIST)
+		return -1;
+	return stat(path, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
 }
 
 /* startup.cpus: the CPUs this process may run on. */
@@ -832,18 +808,11 @@ static int cpu_count(void)
 static int slot_count(const char *startup, double timeout, int cpus)
 {
 	char path[PATH_MAX], buf[32], *end;
-	struct stat st;
 	long long cost = 0, afford;
-	int most = cpus < 1 ? 2 : 2 * cpus, fd, n;
-	ssize_t len = -1;
-
+	int most = cpus < 1 ? 2 : 2 * cpus, n = snprintf(path, sizeof(path), "%s/" COST_FILE, startup);
 	/* overload.read_cost: "<ms>\n" in a file of ours, or no measurement */
-	n = snprintf(path, sizeof(path), "%s/" COST_FILE, startup);
-	if (n > 0 && (size_t)n < sizeof(path) && (fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) >= 0) {
-		if (fstat(fd, &st) == 0 && trusted(&st))
-			len = read_all(fd, buf, sizeof(buf) - 1);
-		close(fd);
-	}
+	ssize_t len = n > 0 && (size_t)n < sizeof(path) ? read_file(AT_FDCWD, path, 1, buf, sizeof(buf)) : -1;
+
 	if (len > 1 && buf[len - 1] == '\n' && buf[0] >= '0' && buf[0] <= '9') {
 		buf[len - 1] = '\0';
 		errno = 0;
@@ -864,7 +833,7 @@ static long runnable_now(void)
 	long running;
 	int i;
 
-	if (read_small("/proc/loadavg", buf, sizeof(buf)) < 0)
+	if (read_file(AT_FDCWD, "/proc/loadavg", 0, buf, sizeof(buf)) < 0)
 		return -1;
 	for (field = buf, i = 0; i < 3 && field; i++)
 		if ((field = strchr(field, ' ')) != NULL)
@@ -903,8 +872,6 @@ static int acquire(const char *startup, int count)
 	char name[32];
 	int fd, held;
 
-	if (make_dirs(startup) != 0)
-		return -1;
 	for (int i = 0; i < count; i++) {
 		snprintf(name, sizeof(name), "slot-%d", i);
 		fd = try_lock(startup, name, &held);
@@ -974,7 +941,7 @@ static int write_fact(const char *spool, const char *id, const char *root, const
 	ns = (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
 	len = snprintf(line, sizeof(line), ASIDE_HEADER "\t%lld\t%s\t%s\t%s\t%s\t%s\t%lld\n", ns, id, root, cwd,
 		       runtime, why, n);
-	if (len < 0 || (size_t)len >= sizeof(line) || make_dirs(spool) != 0)
+	if (len < 0 || (size_t)len >= sizeof(line) || make_dir(spool) != 0)
 		return -1;
 	if ((size_t)snprintf(path, sizeof(path), "%s/%020lld-%d" ASIDE_SUFFIX, spool, ns, (int)getpid()) >=
 		    sizeof(path) ||
@@ -1135,6 +1102,8 @@ __attribute__((noreturn)) static void interpose(const struct invocation *inv, co
 		}
 		count = 1;
 	}
+	if (make_dir(startup) != 0) /* the Python entry makes every missing level, or goes on without */
+		to_python(EXIT_RUNTIME_UNAVAILABLE, "a delete to interpose", "");
 	slot = acquire(startup, count);
 	if (slot == -2) {
 		mark_storm(mark);
