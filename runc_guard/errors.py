@@ -18,11 +18,12 @@ EXIT_RUNTIME_UNAVAILABLE = 69
 EXIT_INTERNAL = 70
 #: A cgroup could not be removed for a reason waiting cannot fix (EROFS, EACCES, ...).
 EXIT_CGROUP_ERROR = 74
+#: sweep: another sweep holds the node's sweep lock; nothing was done, that sweep does it
+#: (EX_CANTCREAT: the lock cannot be taken). Its own code: 75 is the delete's deadline alone.
+EXIT_SWEEP_LOCKED = 73
 #: The deadline passed (cgroups still in use, or the runtime's own delete still running);
-#: the pending record stays for a retry or the sweep.
-#: Also: another sweep holds the node's sweep lock (EX_TEMPFAIL: try again later).
+#: the pending record stays for a retry or the sweep (EX_TEMPFAIL).
 EXIT_CGROUP_BUSY = 75
-EXIT_SWEEP_LOCKED = 75
 #: sweep/audit: this process does not see the runtime's PID namespace (EX_NOPERM: not refused
 #: for a lack of rights, but "not from here"; node.pidns).
 EXIT_FOREIGN_PID_NAMESPACE = 77

@@ -27,8 +27,11 @@ def _read(*parts: str) -> str:
 
 
 def test_every_code_in_errors_is_a_delete_code_or_a_node_tools_code() -> None:
-    """errors.py names each code once; the node tools' codes (66, 75 locked, 77) are not the delete's."""
-    named = {v for k, v in vars(errors).items() if k.startswith("EXIT_")}
+    """errors.py names each code once, and each code means one thing; the node tools' codes (66, 73
+    locked, 77) are not the delete's."""
+    codes = [v for k, v in vars(errors).items() if k.startswith("EXIT_")]
+    assert len(codes) == len(set(codes)), sorted(codes)
+    named = set(codes)
     assert named == DELETE_CODES | {errors.EXIT_NO_HIERARCHY, errors.EXIT_SWEEP_LOCKED,
                                     errors.EXIT_FOREIGN_PID_NAMESPACE}  # fmt: skip
 

@@ -500,12 +500,12 @@ def test_progress_is_reported(fs: AgedFs, runtime: RuntimeDirs) -> None:
 
 
 def test_sweep_lock_is_exclusive(tmp_path: Path) -> None:
-    """A second sweep on the node fails with SweepLocked (exit 75) until the first is done."""
+    """A second sweep on the node fails with SweepLocked (exit 73) until the first is done."""
     lock = str(tmp_path / "run" / "sweep.lock")
     with sweep_lock(lock):
         with pytest.raises(SweepLocked) as info, sweep_lock(lock):
             pass
-        assert info.value.exit_code == EXIT_SWEEP_LOCKED == 75
+        assert info.value.exit_code == EXIT_SWEEP_LOCKED == 73
     with sweep_lock(lock):
         pass
 
@@ -528,11 +528,12 @@ def test_cli_exit_66_without_cgroup_hierarchy(tmp_path: Path) -> None:
     assert done.stderr == f"runc-guardctl: no cgroup filesystem is mounted at or below {tmp_path}\n"
 
 
-def test_cli_exit_75_while_another_sweep_runs(tmp_path: Path) -> None:
-    """A second sweep while one holds the node's lock exits 75 (try later) and touches nothing."""
+def test_cli_exit_73_while_another_sweep_runs(tmp_path: Path) -> None:
+    """A second sweep while one holds the node's lock exits 73 (that sweep does the work) and
+    touches nothing."""
     with sweep_lock(str(tmp_path / "run" / "sweep.lock")):
         done = run_ctl(tmp_path, "sweep", "--kubepods", "rgsweep-absent-tree", *own_roots(tmp_path))
-    assert done.returncode == 75
+    assert done.returncode == 73
     assert "another sweep holds" in done.stderr
 
 

@@ -195,7 +195,7 @@ def sweep(
 
     Try --dry-run first. Exit status 0 when the sweep ran (kept cgroups and
     errors are reported, not fatal); non-zero only when it could not run: 66 no
-    cgroup hierarchy, 75 another sweep is running, 77 run from a PID namespace
+    cgroup hierarchy, 73 another sweep is running, 77 run from a PID namespace
     that is not the runtime's (every init would look dead: run it on the host
     or with hostPID), 78 bad settings.
     """
