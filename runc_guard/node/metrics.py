@@ -270,6 +270,17 @@ def load_state(state_file: str) -> dict[str, Any]:
 # -- exposition (prometheus-client) ----------------------------------------------------
 
 
+def _counted_by(name: str, doc: str, label: str, known: Iterable[str], counts: Mapping[str, int]) -> Any:
+    """A counter with one series per ``label`` value: each known value from 0 (an alert's series
+    exists before its first count), then any other the state counted."""
+    from prometheus_client.core import CounterMetricFamily
+
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for value, count in sorted((dict.fromkeys(known, 0) | dict(counts)).items()):
+        family.add_metric([value], count)
+    return family
+
+
 class CountersCollector:
     """The folded delete and sweep counters of one saved state, as metric families."""
 
@@ -284,12 +295,8 @@ class CountersCollector:
         )
 
         state = self.state
-        deletes = CounterMetricFamily(
-            "runc_guard_deletes", "Interposed deletes by outcome.", labels=["outcome"]
-        )
-        for outcome, count in sorted((dict.fromkeys(OUTCOMES, 0) | dict(state["deletes"])).items()):
-            deletes.add_metric([outcome], count)
-        yield deletes
+        yield _counted_by("runc_guard_deletes", "Interposed deletes by outcome.", "outcome", OUTCOMES,
+                          state["deletes"])
         yield CounterMetricFamily(
             "runc_guard_delete_dirs_removed",
             "Cgroup directories removed by interposed deletes.",
@@ -329,14 +336,8 @@ class CountersCollector:
         sweep = state["sweep"]
         for key, help_text in SWEEP_COUNTERS:
             yield CounterMetricFamily(f"runc_guard_sweep_{key}", help_text, value=sweep.get(key, 0))
-        kept = CounterMetricFamily(
-            "runc_guard_sweep_kept",
-            "Container cgroups the sweep left in place, by reason.",
-            labels=["reason"],
-        )
-        for reason, count in sorted((dict.fromkeys(KEEP_REASONS, 0) | dict(sweep["kept"])).items()):
-            kept.add_metric([reason], count)
-        yield kept
+        yield _counted_by("runc_guard_sweep_kept", "Container cgroups the sweep left in place, by reason.",
+                          "reason", KEEP_REASONS, sweep["kept"])
         yield GaugeMetricFamily(
             "runc_guard_sweep_last_run_timestamp_seconds",
             "When the last sweep finished (0: never).",
